@@ -1,0 +1,52 @@
+"""EchoMQ: a job queue on Valkey/Redis that parks instead of polling.
+
+>>> import echomq
+>>> q = echomq.Queue("emails", redis_url="redis://127.0.0.1:6379/0")
+>>> job_id = q.add("send", {"to": "a@b.c"})
+"""
+
+from __future__ import annotations
+
+from echomq.backoff import Backoff
+from echomq.config import QueueSettings
+from echomq.consumer import Consumer
+from echomq.errors import (
+    ConfigError,
+    ConnectionFailed,
+    CorruptJob,
+    EchoMQError,
+    FloorError,
+    FloorSchemaError,
+    HandlerNotFound,
+    InvalidName,
+    InvalidSchedule,
+    PayloadError,
+    StaleLease,
+)
+from echomq.job import STATES, Job
+from echomq.lanes import Lanes, Outcome
+from echomq.queue import Queue
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "STATES",
+    "Backoff",
+    "ConfigError",
+    "ConnectionFailed",
+    "Consumer",
+    "CorruptJob",
+    "EchoMQError",
+    "FloorError",
+    "FloorSchemaError",
+    "HandlerNotFound",
+    "InvalidName",
+    "InvalidSchedule",
+    "Job",
+    "Lanes",
+    "Outcome",
+    "PayloadError",
+    "Queue",
+    "QueueSettings",
+    "StaleLease",
+]

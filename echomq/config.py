@@ -1,0 +1,72 @@
+"""Per-queue settings: one frozen dataclass, shared by producers and consumers."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from echomq.backoff import Backoff
+from echomq.errors import ConfigError
+
+DURABILITIES = ("volatile", "folded", "sync")
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """How a queue admits, leases, retries and retains jobs.
+
+    ``keep_completed`` bounds how many completed jobs keep their hash (0 drops
+    them at once, None keeps all); ``keep_completed_s`` drops those older than
+    that many seconds. ``claim_batch`` is how many jobs one claim may lease.
+    """
+
+    max_payload_bytes: int = 512 * 1024
+    max_attempts: int = 3
+    max_stalls: int = 1
+    backoff: Backoff = field(default_factory=Backoff)
+    lease_ms: int = 30_000
+    beat_ms: int = 1000
+    pump_batch: int = 100
+    claim_batch: int = 16
+    keep_completed: int | None = 1000
+    keep_completed_s: float | None = 24 * 3600.0
+    durability: str | None = None
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.max_payload_bytes >= 1, "max_payload_bytes must be >= 1"),
+            (self.max_attempts >= 1, "max_attempts must be >= 1"),
+            (self.max_stalls >= 0, "max_stalls must be >= 0"),
+            (self.lease_ms >= 100, "lease_ms must be >= 100"),
+            (self.beat_ms >= 10, "beat_ms must be >= 10"),
+            (self.pump_batch >= 1, "pump_batch must be >= 1"),
+            (self.claim_batch >= 1, "claim_batch must be >= 1"),
+            (self.keep_completed is None or self.keep_completed >= 0,
+             "keep_completed must be >= 0 or None"),
+            (self.keep_completed_s is None or self.keep_completed_s >= 0,
+             "keep_completed_s must be >= 0 or None"),
+            (self.durability is None or self.durability in DURABILITIES,
+             f"durability must be one of {', '.join(DURABILITIES)}"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        if not isinstance(self.backoff, Backoff):
+            coerced = Backoff.coerce(self.backoff)
+            object.__setattr__(self, "backoff", coerced or Backoff())
+
+    def with_overrides(self, **overrides: Any) -> QueueSettings:
+        """A copy with some fields replaced; unknown names raise ConfigError."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = set(overrides) - names
+        if unknown:
+            raise ConfigError(f"unknown queue setting(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **overrides) if overrides else self
+
+    @property
+    def retention_args(self) -> tuple[int, int]:
+        """(keep_count, keep_age_ms) as the settle script takes them; -1 means no limit."""
+        count = -1 if self.keep_completed is None else self.keep_completed
+        age = -1 if self.keep_completed_s is None else int(self.keep_completed_s * 1000)
+        return count, age

@@ -1,0 +1,250 @@
+"""The standalone consumer loop: reap → promote → drain → park.
+
+Parking is an outstanding ``BLPOP emq:{q}:wake <beat>`` on a dedicated
+connection (see :mod:`echomq.wake`), waited on with a local timer set to the
+schedule head's due time, because the server's BLPOP timeout only fires on
+its ``hz`` tick. Leases of the jobs in hand are extended by a heartbeat
+thread, so long jobs are not reaped while the consumer lives.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import redis.exceptions
+
+from echomq import scripts
+from echomq.config import QueueSettings
+from echomq.job import Claimed
+from echomq.lanes import Lanes, Outcome
+from echomq.queue import Queue
+from echomq.runner import HandlerLike, Runner
+from echomq.scripts import Settled
+from echomq.wake import Doorbell
+
+log = logging.getLogger("echomq.consumer")
+NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+MAX_RECONNECT_WAIT_S = 5.0
+
+
+class Consumer:
+    """Runs ``handler(job)`` for the jobs of one queue until :meth:`stop`."""
+
+    def __init__(
+        self,
+        queue: str | Queue,
+        handler: HandlerLike,
+        *,
+        redis_url: str | None = None,
+        redis: redis.Redis | None = None,
+        beat_ms: int | None = None,
+        lease_ms: int | None = None,
+        settings: QueueSettings | None = None,
+        **overrides: Any,
+    ) -> None:
+        if beat_ms is not None:
+            overrides["beat_ms"] = beat_ms
+        if lease_ms is not None:
+            overrides["lease_ms"] = lease_ms
+        if isinstance(queue, Queue):
+            base = settings or queue.settings
+            self.queue = Queue(queue.name, redis=queue.redis,
+                               settings=base.with_overrides(**overrides))
+        else:
+            self.queue = Queue(queue, redis_url, redis=redis, settings=settings, **overrides)
+        self.settings = self.queue.settings
+        self.lanes = Lanes(self.queue.redis, self.queue.keys, self.settings)
+        self.runner = Runner(self.queue.name, handler, self.settings)
+        self.processed = 0
+        self._stopping = False
+        self._stop_r, self._stop_w = os.pipe()
+        os.set_blocking(self._stop_r, False)
+        os.set_blocking(self._stop_w, False)
+        self._held: dict[str, str] = {}
+        self._held_lock = threading.Lock()
+        self._pending: list[Outcome] = []  # finished but not yet settled (server unreachable)
+
+    # --- control ---------------------------------------------------------------
+
+    def stop(self) -> None:
+        """End the loop after the job in hand; safe from a signal handler or another thread."""
+        self._stopping = True
+        try:
+            os.write(self._stop_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # a byte is already waiting, or the loop has closed the pipe
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    # --- the loop --------------------------------------------------------------
+
+    def run(self, *, burst: bool = False) -> int:
+        """Consume until stopped (with ``burst``: until nothing is claimable). Returns jobs run."""
+        keys = self.queue.keys
+        doorbell = Doorbell(self.queue.redis, keys.wake, self.settings.beat_ms / 1000)
+        beat_s = self.settings.beat_ms / 1000
+        lease_s = self.settings.lease_ms / 1000
+        heartbeat = threading.Thread(target=self._heartbeat, name="echomq-heartbeat", daemon=True)
+        heartbeat_stop = threading.Event()
+        self._heartbeat_stop = heartbeat_stop
+        heartbeat.start()
+        next_promote = next_reap = 0.0  # monotonic deadlines; 0 = now
+        failures = 0
+        try:
+            while not self._stopping:
+                try:
+                    if failures:
+                        scripts.load_all(self.queue.redis)
+                    now = time.monotonic()
+                    if now >= next_reap:
+                        next_reap = self._reap(lease_s)
+                    if now >= next_promote:
+                        next_promote = self._promote(beat_s)
+                    self._drain()
+                    if burst or self._stopping:
+                        break
+                    now = time.monotonic()
+                    timeout = min(beat_s, next_promote - now, next_reap - now)
+                    rung, woke = doorbell.wait(timeout, self._stop_r)
+                    failures = 0
+                    if woke:
+                        self._drain_stop_pipe()
+                    if rung or not doorbell.armed:
+                        # a ring may mean a new schedule head; a timed-out beat runs the pump
+                        next_promote = 0.0
+                except NETWORK_ERRORS as exc:
+                    failures += 1
+                    doorbell.reset()
+                    wait = min(MAX_RECONNECT_WAIT_S, 0.05 * 2 ** min(failures, 7))
+                    log.warning("queue %s: server unreachable (%s); retrying in %.2fs",
+                                self.queue.name, exc, wait)
+                    # wait on the stop pipe: stop() ends the wait at once
+                    select.select([self._stop_r], [], [], wait)
+                    next_promote = next_reap = 0.0
+        except KeyboardInterrupt:
+            self._release_held("requeue")
+            raise
+        finally:
+            heartbeat_stop.set()
+            doorbell.close()
+            heartbeat.join(timeout=5)
+        return self.processed
+
+    def _reap(self, lease_s: float) -> float:
+        _, _, next_expiry, server_now = scripts.reap(self.queue.redis, self.queue.keys)
+        # without a lease in sight, look again after one lease period: leases taken by
+        # other consumers since this reap cannot expire before then
+        wait = lease_s if next_expiry < 0 else min(lease_s, (next_expiry - server_now) / 1000)
+        return time.monotonic() + max(0.0, wait)
+
+    def _promote(self, beat_s: float) -> float:
+        batch = self.settings.pump_batch
+        while True:
+            promoted, next_due, server_now = scripts.promote(self.queue.redis, self.queue.keys,
+                                                             batch)
+            if promoted < batch:
+                break
+        wait = beat_s if next_due < 0 else (next_due - server_now) / 1000
+        return time.monotonic() + max(0.0, wait)
+
+    def _drain(self) -> None:
+        """Claim and run jobs until a claim comes back empty (or stop is asked)."""
+        if self._pending:
+            self._settle(self._pending)
+            self._pending = []
+        batch = self.lanes.claim(1)
+        while batch:
+            self._hold(batch)
+            outcomes: list[Outcome] = []
+            for i, claimed in enumerate(batch):
+                if self._stopping:
+                    rest = [(c.id, c.token) for c in batch[i:]]
+                    self.lanes.release(rest, "unstarted")
+                    self._unhold(rest)
+                    break
+                outcomes.append(self.runner.run(claimed))
+                self.processed += 1
+            if self._stopping:
+                self._settle(outcomes)
+                return
+            try:
+                codes, batch = self.lanes.settle_and_claim(outcomes, self.runner.batch_size())
+            except NETWORK_ERRORS:
+                self._pending = outcomes
+                raise
+            self._after_settle(outcomes, codes)
+
+    def _settle(self, outcomes: Sequence[Outcome]) -> None:
+        try:
+            codes = self.lanes.settle(outcomes)
+        except NETWORK_ERRORS:
+            self._pending = list(outcomes)
+            raise
+        self._after_settle(outcomes, codes)
+
+    def _after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
+        self._unhold([(o.job_id, o.token) for o in outcomes])
+        for o, code in zip(outcomes, codes, strict=True):
+            if code is Settled.STALE:
+                log.warning("queue %s: job %s settled with a stale lease token (its lease "
+                            "expired and it was handed out again); result not recorded",
+                            self.queue.name, o.job_id)
+
+    # --- leases in hand ------------------------------------------------------------
+
+    def _hold(self, batch: Sequence[Claimed]) -> None:
+        with self._held_lock:
+            for c in batch:
+                self._held[c.id] = c.token
+
+    def _unhold(self, pairs: Sequence[tuple[str, str]]) -> None:
+        with self._held_lock:
+            for job_id, _ in pairs:
+                self._held.pop(job_id, None)
+
+    def _release_held(self, mode: str) -> None:
+        with self._held_lock:
+            held = list(self._held.items())
+            self._held.clear()
+        try:
+            self.lanes.release(held, mode)
+        except NETWORK_ERRORS:
+            log.warning("queue %s: could not hand back %d jobs; their leases will expire",
+                        self.queue.name, len(held))
+
+    def _heartbeat(self) -> None:
+        """Extend the leases in hand every third of a lease period."""
+        interval = self.settings.lease_ms / 3000
+        while not self._heartbeat_stop.wait(interval):
+            with self._held_lock:
+                held = list(self._held.items())
+            if not held:
+                continue
+            try:
+                self.lanes.extend(held)
+            except NETWORK_ERRORS as exc:
+                log.warning("queue %s: lease extension failed: %s", self.queue.name, exc)
+
+    def _drain_stop_pipe(self) -> None:
+        try:
+            while os.read(self._stop_r, 64):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        """Release the stop pipe. The consumer cannot run again afterwards."""
+        for fd in (self._stop_r, self._stop_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,51 @@
+"""Exceptions raised by EchoMQ. Every one says what was wrong and never leaks a password."""
+
+from __future__ import annotations
+
+
+class EchoMQError(Exception):
+    """Base class of every EchoMQ error."""
+
+
+class ConfigError(EchoMQError, ValueError):
+    """A setting, flag or environment variable has an invalid value."""
+
+
+class InvalidName(EchoMQError, ValueError):
+    """A queue or lane name is empty, too long, or holds characters outside [A-Za-z0-9._:-]."""
+
+
+class PayloadError(EchoMQError, ValueError):
+    """A payload is not JSON-serialisable or exceeds the size limit."""
+
+
+class InvalidSchedule(EchoMQError, ValueError):
+    """A delay is negative or a run_at datetime is naive."""
+
+
+class ConnectionFailed(EchoMQError, ConnectionError):
+    """The Valkey/Redis server cannot be reached. The message carries the redacted URL."""
+
+
+class CorruptJob(EchoMQError):
+    """A job hash lacks required fields or holds a payload that is not valid JSON."""
+
+
+class StaleLease(EchoMQError):
+    """A settle or extend presented a lease token that no longer holds the job."""
+
+
+class HandlerNotFound(EchoMQError, ImportError):
+    """A ``module:callable`` handler cannot be imported or is not callable."""
+
+
+class FloorError(EchoMQError):
+    """The durable floor (SQL database) failed or is misconfigured."""
+
+
+class FloorSchemaError(FloorError):
+    """The floor's schema is not at the migration head."""
+
+
+class StaleFence(FloorError):
+    """A floor write carried a leader fence older than the one stored: another scheduler leads."""

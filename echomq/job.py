@@ -1,0 +1,138 @@
+"""The Job record: what a handler receives and what ``Queue.get`` returns."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from echomq.errors import CorruptJob
+
+STATES = ("waiting", "scheduled", "active", "completed", "dead")
+CLAIM_FIELDS = 9  # values per job returned by claim.lua
+
+
+def _text(value: bytes | str | None) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _int(value: str | None, default: int = 0) -> int:
+    try:
+        return int(value) if value not in (None, "") else default
+    except ValueError:
+        return default
+
+
+@dataclass
+class Job:
+    """One job. ``attempts`` is 1 during the first execution; ``error`` is the last failure."""
+
+    id: str
+    name: str
+    payload: Any
+    lane: str
+    state: str
+    attempts: int = 0
+    max_attempts: int = 1
+    error: str | None = None
+    result: Any = None
+    stalls: int = 0
+    created_ms: int = 0
+    due_ms: int | None = None
+    started_ms: int | None = None
+    finished_ms: int | None = None
+    queue: str = ""
+    token: str | None = field(default=None, repr=False)
+    backoff: str = field(default="", repr=False)
+
+    @classmethod
+    def from_hash(cls, queue: str, raw: dict[bytes, bytes] | dict[str, str], *,
+                  strict: bool = True) -> Job:
+        """Build a Job from its Redis hash; raise CorruptJob when required fields are missing
+        (or, when ``strict``, when the payload is not JSON; otherwise the raw text is kept)."""
+        h = {_text(k): _text(v) for k, v in raw.items()}
+        missing = [f for f in ("id", "name", "lane", "state") if not h.get(f)]
+        if missing:
+            raise CorruptJob(f"job hash in queue {queue!r} lacks {', '.join(missing)}")
+        job_id = h["id"] or ""
+        try:
+            payload = decode_payload(queue, job_id, h.get("payload") or "null")
+        except CorruptJob:
+            if strict:
+                raise
+            payload = h.get("payload")
+        result_text = h.get("result")
+        try:
+            result = json.loads(result_text) if result_text else None
+        except ValueError:
+            result = result_text
+        due = h.get("due_ms")
+        started = h.get("started_ms")
+        finished = h.get("finished_ms")
+        return cls(
+            id=job_id,
+            name=h["name"] or "",
+            payload=payload,
+            lane=h["lane"] or "",
+            state=h["state"] or "",
+            attempts=_int(h.get("attempts")),
+            max_attempts=_int(h.get("max_attempts"), 1),
+            error=h.get("error"),
+            result=result,
+            stalls=_int(h.get("stalls")),
+            created_ms=_int(h.get("created_ms")),
+            due_ms=_int(due) if due else None,
+            started_ms=_int(started) if started else None,
+            finished_ms=_int(finished) if finished else None,
+            queue=queue,
+            token=h.get("token"),
+            backoff=h.get("backoff") or "",
+        )
+
+
+@dataclass
+class Claimed:
+    """A leased job as claim.lua returns it; the payload is still undecoded text."""
+
+    id: str
+    token: str
+    name: str
+    payload_text: str
+    lane: str
+    attempts: int
+    max_attempts: int
+    backoff: str
+    created_ms: int
+
+    def to_job(self, queue: str) -> Job:
+        """Decode the payload; raise CorruptJob when it is not JSON."""
+        return Job(
+            id=self.id, name=self.name,
+            payload=decode_payload(queue, self.id, self.payload_text),
+            lane=self.lane, state="active", attempts=self.attempts,
+            max_attempts=self.max_attempts, created_ms=self.created_ms, queue=queue,
+            token=self.token, backoff=self.backoff,
+        )
+
+
+def parse_claimed(flat: list[Any]) -> list[Claimed]:
+    """Split claim.lua's flat reply into Claimed records."""
+    out = []
+    for i in range(0, len(flat), CLAIM_FIELDS):
+        f = [_text(x) if not isinstance(x, int) else x for x in flat[i:i + CLAIM_FIELDS]]
+        out.append(Claimed(
+            id=str(f[0]), token=str(f[1]), name=str(f[2]), payload_text=str(f[3]),
+            lane=str(f[4]), attempts=int(f[5] or 0), max_attempts=_int(str(f[6]), 1),
+            backoff=str(f[7] or ""), created_ms=_int(str(f[8])),
+        ))
+    return out
+
+
+def decode_payload(queue: str, job_id: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CorruptJob(f"job {job_id!r} in queue {queue!r} has a payload that is not JSON: {exc}"
+                         ) from None

@@ -1,0 +1,68 @@
+"""The keyspace of one queue: every key starts with ``emq:{<queue>}:``.
+
+The braces are a hash tag, so all keys of a queue live in one Valkey Cluster
+slot and every script touches one slot. Names are validated here, once.
+"""
+
+from __future__ import annotations
+
+import re
+
+from echomq.errors import InvalidName
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,255}")
+DEFAULT_LANE = "default"
+
+
+def validate_name(name: object, what: str = "queue name") -> str:
+    """Return ``name`` if it is a valid queue or lane name, else raise InvalidName."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise InvalidName(
+            f"invalid {what} {name!r}: use 1-128 characters from [A-Za-z0-9._:-]"
+            " (braces, spaces and other characters are not allowed)"
+        )
+    return name
+
+
+def validate_job_id(job_id: object) -> str:
+    """Return ``job_id`` if it is a valid caller-given job id, else raise InvalidName."""
+    if not isinstance(job_id, str) or not JOB_ID_PATTERN.fullmatch(job_id):
+        raise InvalidName(
+            f"invalid job id {job_id!r}: use 1-255 characters from [A-Za-z0-9._:-]"
+        )
+    return job_id
+
+
+class Keys:
+    """Key names of one queue. Fixed keys are attributes; per-job and per-lane keys are methods."""
+
+    __slots__ = (
+        "queue", "prefix", "ring", "leases", "schedule", "wake", "dead", "completed",
+        "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence",
+    )
+
+    def __init__(self, queue: str) -> None:
+        self.queue = validate_name(queue)
+        self.prefix = f"emq:{{{queue}}}:"
+        p = self.prefix
+        self.ring = p + "ring"
+        self.leases = p + "leases"
+        self.schedule = p + "schedule"
+        self.wake = p + "wake"
+        self.dead = p + "dead"
+        self.completed = p + "completed"
+        self.stats = p + "stats"
+        self.meta = p + "meta"
+        self.fold = p + "fold"
+        self.closed = p + "closed"
+        self.tokens = p + "tokens"
+        self.epoch = p + "epoch"
+        self.leader = p + "leader"
+        self.fence = p + "fence"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}"
+
+    def lane(self, lane: str) -> str:
+        return f"{self.prefix}lane:{lane}"

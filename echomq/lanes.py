@@ -1,0 +1,80 @@
+"""Lanes.claim and settle: the consumer's two round trips, fused into one when possible."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from echomq import scripts
+from echomq.config import QueueSettings
+from echomq.job import Claimed, parse_claimed
+from echomq.keys import Keys
+from echomq.scripts import Settled
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one leased job ended: outcome "c" completed, "f" failed, "d" dead at once."""
+
+    job_id: str
+    token: str
+    outcome: str
+    text: str = ""
+    retry_ms: int = 0
+
+    def args(self) -> list[Any]:
+        return [self.job_id, self.token, self.outcome, self.text, self.retry_ms]
+
+
+class Lanes:
+    """Claims round-robin across lanes and settles with lease tokens, for one queue."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, settings: QueueSettings) -> None:
+        self.client = client
+        self.keys = keys
+        self.settings = settings
+        self._claim_keys = scripts.claim_keys(keys)
+        self._settle_keys = scripts.settle_keys(keys)
+        keep_count, keep_age = settings.retention_args
+        self._settle_head = [keys.prefix, keep_count, keep_age]
+
+    def claim(self, count: int = 1) -> list[Claimed]:
+        """Lease up to ``count`` waiting jobs, one lane per turn."""
+        return parse_claimed(scripts.CLAIM(self.client, self._claim_keys, self._claim_args(count)))
+
+    def settle(self, outcomes: Sequence[Outcome]) -> list[Settled]:
+        """Settle finished jobs; a stale token comes back as Settled.STALE."""
+        if not outcomes:
+            return []
+        codes = scripts.SETTLE(self.client, self._settle_keys, self._settle_args(outcomes))
+        return [Settled(int(c)) for c in codes]
+
+    def settle_and_claim(self, outcomes: Sequence[Outcome], count: int
+                         ) -> tuple[list[Settled], list[Claimed]]:
+        """Settle and claim the next batch in one round trip (a pipeline of two scripts)."""
+        if not outcomes:
+            return [], self.claim(count)
+        codes, flat = scripts.execute(self.client, [
+            (scripts.SETTLE, self._settle_keys, self._settle_args(outcomes)),
+            (scripts.CLAIM, self._claim_keys, self._claim_args(count)),
+        ])
+        return [Settled(int(c)) for c in codes], parse_claimed(flat)
+
+    def release(self, held: Sequence[tuple[str, str]], mode: str) -> tuple[int, int]:
+        """Hand leased jobs back to their lanes (see reap.lua for the modes)."""
+        return scripts.release(self.client, self.keys, held, mode)
+
+    def extend(self, held: Sequence[tuple[str, str]]) -> list[bool]:
+        return scripts.extend(self.client, self.keys, self.settings.lease_ms, held)
+
+    def _claim_args(self, count: int) -> list[Any]:
+        return [self.keys.prefix, self.settings.lease_ms, count]
+
+    def _settle_args(self, outcomes: Sequence[Outcome]) -> list[Any]:
+        args: list[Any] = [*self._settle_head, len(outcomes)]
+        for o in outcomes:
+            args += o.args()
+        return args

@@ -1,0 +1,64 @@
+--[[
+  claim (Lanes.claim): lease up to `count` waiting jobs, one lane per turn.
+
+  Each turn rotates the ring (LMOVE head to tail) and pops the oldest id of
+  that lane, so a lane with 10,000 jobs and a lane with 1 alternate. A lane
+  left empty leaves the ring. Each claimed job gets attempts + 1, a fresh
+  lease token and a lease in the leases zset, expiring lease_ms from the
+  server's clock. Ids whose hash is missing are dropped. The lane list and
+  the job hash are built from the prefix inside the script.
+
+  Input:
+    KEYS[1] ring    list of lanes with waiting jobs
+    KEYS[2] leases  zset of active job ids by lease expiry (ms)
+    KEYS[3] tokens  lease token counter
+    ARGV[1] key prefix "emq:{q}:"
+    ARGV[2] lease_ms
+    ARGV[3] count, the most jobs to claim
+
+  Output:
+    a flat array, 9 values per claimed job:
+    id, token, name, payload, lane, attempts, max_attempts, backoff, created_ms
+]]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local prefix = ARGV[1]
+local expiry = now + tonumber(ARGV[2])
+local count = tonumber(ARGV[3])
+local out = {}
+local claimed = 0
+local turns = 0
+while claimed < count and turns < count * 4 do
+  turns = turns + 1
+  local lane = redis.call('LMOVE', KEYS[1], KEYS[1], 'LEFT', 'RIGHT')
+  if not lane then break end
+  local lk = prefix .. 'lane:' .. lane
+  local id = redis.call('LPOP', lk)
+  if redis.call('LLEN', lk) == 0 then
+    redis.call('LREM', KEYS[1], -1, lane)
+  end
+  if id then
+    local jk = prefix .. 'job:' .. id
+    local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
+      'backoff', 'created_ms')
+    if f[1] then
+      local token = tostring(redis.call('INCR', KEYS[3]))
+      local attempts = tonumber(f[3] or '0') + 1
+      redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
+        'started_ms', now)
+      redis.call('ZADD', KEYS[2], expiry, id)
+      local n = #out
+      out[n + 1] = id
+      out[n + 2] = token
+      out[n + 3] = f[1]
+      out[n + 4] = f[2] or ''
+      out[n + 5] = lane
+      out[n + 6] = attempts
+      out[n + 7] = f[4] or '1'
+      out[n + 8] = f[5] or ''
+      out[n + 9] = f[6] or '0'
+      claimed = claimed + 1
+    end
+  end
+end
+return out

@@ -1,0 +1,75 @@
+--[[
+  reap: return leased jobs to the front of their lanes.
+
+  Without pairs: every job whose lease expired on the server clock (up to
+  `limit`). With pairs: exactly those jobs, when the token still matches (a
+  supervisor releasing the job of a child that died, or a consumer handing
+  back jobs it claimed but never started). The mode says what the return
+  costs the job:
+    "stall"     stalls + 1; past max_stalls the job goes dead instead
+    "requeue"   nothing (a drain that ran out of time)
+    "unstarted" attempts - 1 (the job never began)
+  Rings the doorbell when any job became claimable. Job hashes and lane lists
+  are built inside.
+
+  Input:
+    KEYS[1] leases  KEYS[2] ring  KEYS[3] wake  KEYS[4] dead  KEYS[5] stats
+    KEYS[6] meta    KEYS[7] closed
+    ARGV[1] key prefix "emq:{q}:"
+    ARGV[2] limit
+    ARGV[3] mode: "stall", "requeue" or "unstarted"
+    ARGV[4..] optional pairs: id, token
+
+  Output:
+    { requeued, buried, next lease expiry in ms or -1, server now in ms }
+]]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local prefix = ARGV[1]
+local mode = ARGV[3]
+local fold = redis.call('HGET', KEYS[6], 'fold') == '1'
+local ids = {}
+if #ARGV >= 4 then
+  for i = 4, #ARGV, 2 do
+    local tok = redis.call('HGET', prefix .. 'job:' .. ARGV[i], 'token')
+    if tok and tok == ARGV[i + 1] then ids[#ids + 1] = ARGV[i] end
+  end
+else
+  ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+end
+local requeued = 0
+local buried = 0
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[1], id)
+  local jk = prefix .. 'job:' .. id
+  local f = redis.call('HMGET', jk, 'lane', 'stalls', 'max_stalls', 'deferred')
+  if f[1] then
+    local stalls = tonumber(f[2] or '0')
+    if mode == 'stall' then stalls = stalls + 1 end
+    if mode == 'stall' and stalls > tonumber(f[3] or '1') then
+      redis.call('HSET', jk, 'state', 'dead', 'stalls', stalls, 'finished_ms', now,
+        'error', 'stalled ' .. stalls .. ' times: the lease expired or the process running it died')
+      redis.call('HDEL', jk, 'token')
+      redis.call('ZADD', KEYS[4], now, id)
+      redis.call('HINCRBY', KEYS[5], 'dead', 1)
+      if fold and f[4] == '1' then redis.call('RPUSH', KEYS[7], id) end
+      buried = buried + 1
+    else
+      redis.call('HSET', jk, 'state', 'waiting', 'stalls', stalls)
+      if mode == 'unstarted' then redis.call('HINCRBY', jk, 'attempts', -1) end
+      redis.call('HDEL', jk, 'token')
+      if redis.call('LPUSH', prefix .. 'lane:' .. f[1], id) == 1 then
+        redis.call('RPUSH', KEYS[2], f[1])
+      end
+      requeued = requeued + 1
+    end
+  end
+end
+if requeued > 0 then
+  redis.call('LPUSH', KEYS[3], '1')
+  redis.call('LTRIM', KEYS[3], 0, 63)
+end
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local next_expiry = -1
+if head[2] then next_expiry = tonumber(head[2]) end
+return { requeued, buried, next_expiry, now }

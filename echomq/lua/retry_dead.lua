@@ -1,0 +1,43 @@
+--[[
+  retry_dead: re-admit dead jobs with fresh attempts and stalls.
+
+  The last error stays on the job (as "error") until it runs again. Job
+  hashes and lane lists are built inside. Rings the doorbell when anything was
+  re-admitted.
+
+  Input:
+    KEYS[1] dead  KEYS[2] ring  KEYS[3] wake
+    ARGV[1] key prefix "emq:{q}:"
+    ARGV[2] limit (used when no ids are given: the oldest dead jobs first)
+    ARGV[3..] optional job ids
+
+  Output:
+    the number of jobs re-admitted
+]]
+local prefix = ARGV[1]
+local ids = {}
+if #ARGV >= 3 then
+  for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+else
+  ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+end
+local moved = 0
+for _, id in ipairs(ids) do
+  if redis.call('ZREM', KEYS[1], id) == 1 then
+    local jk = prefix .. 'job:' .. id
+    local lane = redis.call('HGET', jk, 'lane')
+    if lane then
+      redis.call('HSET', jk, 'state', 'waiting', 'attempts', 0, 'stalls', 0)
+      redis.call('HDEL', jk, 'finished_ms')
+      if redis.call('RPUSH', prefix .. 'lane:' .. lane, id) == 1 then
+        redis.call('RPUSH', KEYS[2], lane)
+      end
+      moved = moved + 1
+    end
+  end
+end
+if moved > 0 then
+  redis.call('LPUSH', KEYS[3], '1')
+  redis.call('LTRIM', KEYS[3], 0, 63)
+end
+return moved

@@ -1,0 +1,58 @@
+--[[
+  schedule: write deferred jobs and add them to the schedule set by due time.
+
+  Idempotent per job id, like admit. Due time is the server clock plus the
+  delay, or an absolute time when one is given. When the queue folds onto a
+  floor (meta field "fold" = "1"), each new id is appended to the fold log.
+  Rings the doorbell only when a new job became the schedule's head, so a
+  parked metronome re-computes its wait; otherwise nobody needs waking.
+
+  Input:
+    KEYS[1] schedule  zset of deferred job ids by due time (ms)
+    KEYS[2] wake      the doorbell list
+    KEYS[3] meta      queue settings hash
+    KEYS[4] fold      list of ids not yet written to the floor
+    ARGV[1] key prefix "emq:{q}:"  (job hashes are built from it)
+    ARGV[2] n, the number of jobs
+    ARGV[3..] per job, 8 values: id, name, payload, lane, max_attempts, max_stalls,
+              backoff, due (">=0": absolute ms; "-<d>": d ms from now)
+
+  Output:
+    an array of n integers: 1 scheduled, 0 already existed
+]]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local prefix = ARGV[1]
+local n = tonumber(ARGV[2])
+local fold = redis.call('HGET', KEYS[3], 'fold') == '1'
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local head_due = head[2] and tonumber(head[2]) or nil
+local new_head = false
+local out = {}
+for i = 0, n - 1 do
+  local b = 3 + i * 8
+  local id = ARGV[b]
+  local jk = prefix .. 'job:' .. id
+  if redis.call('EXISTS', jk) == 1 then
+    out[i + 1] = 0
+  else
+    local due = tonumber(ARGV[b + 7])
+    if due < 0 then due = now - due end
+    redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
+      'lane', ARGV[b + 3], 'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[b + 4],
+      'stalls', 0, 'max_stalls', ARGV[b + 5], 'backoff', ARGV[b + 6], 'created_ms', now,
+      'due_ms', due, 'deferred', 1)
+    redis.call('ZADD', KEYS[1], due, id)
+    if fold then redis.call('RPUSH', KEYS[4], id) end
+    if head_due == nil or due < head_due then
+      head_due = due
+      new_head = true
+    end
+    out[i + 1] = 1
+  end
+end
+if new_head then
+  redis.call('LPUSH', KEYS[2], '1')
+  redis.call('LTRIM', KEYS[2], 0, 63)
+end
+return out

@@ -1,0 +1,104 @@
+--[[
+  settle: finish leased jobs, each with the token its claim issued.
+
+  A token that no longer matches the job's hash (the lease expired and the job
+  was handed to another consumer, or it was already settled) is refused and
+  changes nothing: no zombie acks. Outcomes:
+    "c" completed: the lease is dropped; the job is kept in the completed zset
+        or deleted, per retention (keep_count / keep_age_ms; -1 = no limit).
+    "f" failed: when attempts remain, the job is scheduled again at
+        now + retry_ms (state "scheduled", ringing when it becomes the schedule
+        head, appended to the fold log when the queue folds); otherwise dead.
+    "d" dead at once (an unknown handler, a corrupt payload).
+  A finished job that was ever deferred is appended to the closed log when the
+  queue folds, so the floor drops its row. Job hashes are built inside.
+
+  Input:
+    KEYS[1] leases     KEYS[2] schedule  KEYS[3] dead    KEYS[4] completed
+    KEYS[5] wake       KEYS[6] stats     KEYS[7] meta    KEYS[8] fold
+    KEYS[9] closed
+    ARGV[1] key prefix "emq:{q}:"
+    ARGV[2] keep_count   ARGV[3] keep_age_ms
+    ARGV[4] n, the number of jobs
+    ARGV[5..] per job, 5 values: id, token, outcome, text (result or error), retry_ms
+
+  Output:
+    an array of n codes: 0 stale token, 1 completed, 2 retrying, 3 dead
+]]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local prefix = ARGV[1]
+local keep_count = tonumber(ARGV[2])
+local keep_age = tonumber(ARGV[3])
+local n = tonumber(ARGV[4])
+local fold = redis.call('HGET', KEYS[7], 'fold') == '1'
+local out = {}
+local completed = 0
+local rang = false
+for i = 0, n - 1 do
+  local b = 5 + i * 5
+  local id = ARGV[b]
+  local jk = prefix .. 'job:' .. id
+  local f = redis.call('HMGET', jk, 'token', 'attempts', 'max_attempts', 'deferred')
+  if f[1] ~= ARGV[b + 1] then
+    out[i + 1] = 0
+  else
+    redis.call('ZREM', KEYS[1], id)
+    local outcome = ARGV[b + 2]
+    if outcome == 'f' and tonumber(f[2] or '0') < tonumber(f[3] or '1') then
+      local due = now + tonumber(ARGV[b + 4])
+      redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', due, 'error', ARGV[b + 3],
+        'deferred', 1)
+      redis.call('HDEL', jk, 'token')
+      redis.call('ZADD', KEYS[2], due, id)
+      if fold then redis.call('RPUSH', KEYS[8], id) end
+      local head = redis.call('ZRANGE', KEYS[2], 0, 0)
+      if head[1] == id then rang = true end
+      redis.call('HINCRBY', KEYS[6], 'retried', 1)
+      out[i + 1] = 2
+    elseif outcome == 'c' then
+      completed = completed + 1
+      if keep_count == 0 or keep_age == 0 then
+        redis.call('DEL', jk)
+      else
+        redis.call('HSET', jk, 'state', 'completed', 'finished_ms', now, 'result', ARGV[b + 3])
+        redis.call('HDEL', jk, 'token')
+        redis.call('ZADD', KEYS[4], now, id)
+      end
+      if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end
+      out[i + 1] = 1
+    else
+      redis.call('HSET', jk, 'state', 'dead', 'finished_ms', now, 'error', ARGV[b + 3])
+      redis.call('HDEL', jk, 'token')
+      redis.call('ZADD', KEYS[3], now, id)
+      redis.call('HINCRBY', KEYS[6], 'dead', 1)
+      if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end
+      out[i + 1] = 3
+    end
+  end
+end
+if completed > 0 then
+  redis.call('HINCRBY', KEYS[6], 'completed', completed)
+  -- retention: trim at most 1000 old completed jobs per call, so a call stays short
+  if keep_count > 0 then
+    local over = redis.call('ZCARD', KEYS[4]) - keep_count
+    if over > 0 then
+      if over > 1000 then over = 1000 end
+      local old = redis.call('ZRANGE', KEYS[4], 0, over - 1)
+      for _, oid in ipairs(old) do redis.call('DEL', prefix .. 'job:' .. oid) end
+      redis.call('ZREMRANGEBYRANK', KEYS[4], 0, over - 1)
+    end
+  end
+  if keep_age > 0 then
+    local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - keep_age, 'LIMIT', 0, 1000)
+    for _, oid in ipairs(old) do
+      redis.call('DEL', prefix .. 'job:' .. oid)
+      redis.call('ZREM', KEYS[4], oid)
+    end
+  end
+end
+if rang then
+  redis.call('LPUSH', KEYS[5], '1')
+  redis.call('LTRIM', KEYS[5], 0, 63)
+end
+return out

@@ -1,0 +1,163 @@
+"""The Lua scripts, loaded once and called by SHA, one typed wrapper per script.
+
+redis-py's ``register_script`` would do load-once and NOSCRIPT reload for
+single calls, but inside a pipeline it sends ``SCRIPT EXISTS`` on every
+execute; settle-and-claim is pipelined on the hot path, so scripts here are
+loaded explicitly and re-loaded only when the server answers NOSCRIPT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from enum import IntEnum
+from importlib import resources
+from typing import Any
+
+import redis
+import redis.exceptions
+
+from echomq.keys import Keys
+
+Arg = str | int | float | bytes
+
+
+class Settled(IntEnum):
+    """Per-job codes returned by ``settle.lua``."""
+
+    STALE = 0
+    COMPLETED = 1
+    RETRYING = 2
+    DEAD = 3
+
+
+class LuaScript:
+    """One script file: its source, SHA1 and the number of KEYS its header declares."""
+
+    def __init__(self, name: str, num_keys: int) -> None:
+        self.name = name
+        self.num_keys = num_keys
+        self.source = resources.files("echomq").joinpath("lua", f"{name}.lua").read_text()
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    def __call__(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        if len(keys) != self.num_keys:
+            raise ValueError(f"{self.name}.lua takes {self.num_keys} keys, got {len(keys)}")
+        try:
+            return client.evalsha(self.sha, self.num_keys, *keys, *args)
+        except redis.exceptions.NoScriptError:
+            client.script_load(self.source)
+            return client.evalsha(self.sha, self.num_keys, *keys, *args)
+
+    def queue(self, pipe: redis.client.Pipeline, keys: Sequence[str], args: Sequence[Arg]) -> None:
+        """Add a call to a pipeline; see :func:`execute` for the NOSCRIPT handling."""
+        pipe.evalsha(self.sha, self.num_keys, *keys, *args)
+
+
+ADMIT = LuaScript("admit", 2)
+SCHEDULE = LuaScript("schedule", 4)
+CLAIM = LuaScript("claim", 3)
+SETTLE = LuaScript("settle", 9)
+EXTEND = LuaScript("extend", 1)
+REAP = LuaScript("reap", 7)
+PROMOTE = LuaScript("promote", 3)
+COUNTS = LuaScript("counts", 6)
+RETRY_DEAD = LuaScript("retry_dead", 3)
+ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD)
+
+
+def load_all(client: redis.Redis) -> None:
+    """SCRIPT LOAD every script (once per connection target, before pipelining)."""
+    for script in ALL:
+        client.script_load(script.source)
+
+
+def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
+            ) -> list[Any]:
+    """Run script calls in one pipeline (one round trip), reloading on NOSCRIPT.
+
+    A call refused with NOSCRIPT did not run, so it is re-run alone after loading.
+    """
+    pipe = client.pipeline(transaction=False)
+    for script, keys, args in calls:
+        script.queue(pipe, keys, args)
+    results = pipe.execute(raise_on_error=False)
+    for i, result in enumerate(results):
+        if isinstance(result, redis.exceptions.NoScriptError):
+            script, keys, args = calls[i]
+            results[i] = script(client, keys, args)
+        elif isinstance(result, Exception):
+            raise result
+    return list(results)
+
+
+# --- typed wrappers: keys are chosen here, once ---------------------------------
+
+def admit_keys(k: Keys) -> list[str]:
+    return [k.ring, k.wake]
+
+
+def schedule_keys(k: Keys) -> list[str]:
+    return [k.schedule, k.wake, k.meta, k.fold]
+
+
+def claim(client: redis.Redis, k: Keys, lease_ms: int, count: int) -> list[Any]:
+    return CLAIM(client, claim_keys(k), [k.prefix, lease_ms, count])  # type: ignore[no-any-return]
+
+
+def claim_keys(k: Keys) -> list[str]:
+    return [k.ring, k.leases, k.tokens]
+
+
+def settle_keys(k: Keys) -> list[str]:
+    return [k.leases, k.schedule, k.dead, k.completed, k.wake, k.stats, k.meta, k.fold, k.closed]
+
+
+def reap_keys(k: Keys) -> list[str]:
+    return [k.leases, k.ring, k.wake, k.dead, k.stats, k.meta, k.closed]
+
+
+def promote(client: redis.Redis, k: Keys, batch: int) -> tuple[int, int, int]:
+    """Promote due jobs: (promoted, next due ms or -1, server now ms)."""
+    promoted, next_due, now = PROMOTE(client, [k.schedule, k.ring, k.wake], [k.prefix, batch])
+    return int(promoted), int(next_due), int(now)
+
+
+def reap(client: redis.Redis, k: Keys, limit: int = 1000) -> tuple[int, int, int, int]:
+    """Return expired leases: (requeued, buried, next expiry ms or -1, server now ms)."""
+    requeued, buried, nxt, now = REAP(client, reap_keys(k), [k.prefix, limit, "stall"])
+    return int(requeued), int(buried), int(nxt), int(now)
+
+
+def release(client: redis.Redis, k: Keys, held: Sequence[tuple[str, str]], mode: str
+            ) -> tuple[int, int]:
+    """Return specific leased jobs to their lanes: (requeued, buried)."""
+    if mode not in ("stall", "requeue", "unstarted"):
+        raise ValueError(f"unknown release mode {mode!r}")
+    if not held:
+        return 0, 0
+    args: list[Arg] = [k.prefix, len(held), mode]
+    for job_id, token in held:
+        args += [job_id, token]
+    requeued, buried, _, _ = REAP(client, reap_keys(k), args)
+    return int(requeued), int(buried)
+
+
+def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str, str]]
+           ) -> list[bool]:
+    """Extend leases still held with these tokens; one flag per pair."""
+    if not held:
+        return []
+    args: list[Arg] = [k.prefix, lease_ms]
+    for job_id, token in held:
+        args += [job_id, token]
+    return [bool(x) for x in EXTEND(client, [k.leases], args)]
+
+
+def counts(client: redis.Redis, k: Keys) -> list[int]:
+    keys = [k.ring, k.schedule, k.leases, k.dead, k.stats, k.meta]
+    return [int(x) for x in COUNTS(client, keys, [k.prefix])]
+
+
+def retry_dead(client: redis.Redis, k: Keys, ids: Sequence[str], limit: int) -> int:
+    return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake], [k.prefix, limit, *ids]))

@@ -1,0 +1,120 @@
+"""The parked side of the doorbell: ``BLPOP emq:{q}:wake <beat>`` on its own connection.
+
+The call is sent and then left outstanding, so its socket can sit in a
+selector beside pipes and timers: the owner reads the reply when the socket
+becomes readable, and does other work (a promote due on a local timer, a
+drain) on its command connection meanwhile. Cancelling uses ``CLIENT
+UNBLOCK``; a token that arrived in that instant is pushed back so no other
+waiter loses its wake-up.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from typing import Any
+
+import redis
+import redis.exceptions
+
+BLOCK_GRACE_S = 5.0  # a reply this late past the block means the connection is dead
+
+
+class Doorbell:
+    """One outstanding BLPOP on the wake key of a queue."""
+
+    def __init__(self, client: redis.Redis, wake_key: str, beat_s: float) -> None:
+        self.client = client  # command connection: CLIENT UNBLOCK and re-ringing go here
+        self.wake_key = wake_key
+        self.beat_s = max(0.01, beat_s)
+        pool = client.connection_pool
+        kwargs: dict[str, Any] = dict(pool.connection_kwargs)
+        kwargs["socket_timeout"] = self.beat_s + BLOCK_GRACE_S
+        self.conn: Any = pool.connection_class(**kwargs)
+        self.client_id: int | None = None
+        self.armed_at: float | None = None
+
+    @property
+    def armed(self) -> bool:
+        return self.armed_at is not None
+
+    def arm(self) -> None:
+        """Send the BLPOP unless one is outstanding. Raises redis ConnectionError on failure."""
+        if self.armed_at is not None:
+            return
+        if self.client_id is None:
+            self.conn.connect()
+            self.conn.send_command("CLIENT", "ID")
+            self.client_id = int(self.conn.read_response())
+        self.conn.send_command("BLPOP", self.wake_key, self.beat_s)
+        self.armed_at = time.monotonic()
+
+    def fileno(self) -> int:
+        """The socket to select on while armed."""
+        sock = self.conn._sock  # redis-py keeps the socket here; no public accessor exists
+        if sock is None:
+            raise redis.exceptions.ConnectionError("doorbell connection is closed")
+        return int(sock.fileno())
+
+    def buffered(self) -> bool:
+        """True when a reply is already in the parser's buffer (select would not see it)."""
+        return self.armed_at is not None and bool(self.conn._parser.can_read(0))
+
+    def collect(self) -> bool:
+        """Read the BLPOP reply (call when readable): True for a token, False for a timeout."""
+        try:
+            reply = self.conn.read_response()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+            self.reset()
+            raise
+        self.armed_at = None
+        return reply is not None
+
+    def overdue(self) -> bool:
+        """The reply is later than the block plus a grace: treat the connection as dead."""
+        return (self.armed_at is not None
+                and time.monotonic() - self.armed_at > self.beat_s + BLOCK_GRACE_S)
+
+    def wait(self, timeout_s: float, *extra_fds: int) -> tuple[bool, list[int]]:
+        """Arm and wait up to ``timeout_s`` for the reply or one of ``extra_fds``.
+
+        Returns (rung, ready extra fds). ``rung`` is True when a token was taken.
+        """
+        self.arm()
+        if self.buffered():
+            return self.collect(), []
+        ready, _, _ = select.select([self.fileno(), *extra_fds], [], [], max(0.0, timeout_s))
+        others = [fd for fd in ready if fd in extra_fds]
+        rung = False
+        if self.fileno() in ready:
+            rung = self.collect()
+        elif self.overdue():
+            self.reset()
+        return rung, others
+
+    def cancel(self) -> None:
+        """End an outstanding BLPOP without stealing a token meant for another waiter."""
+        if self.armed_at is None:
+            return
+        try:
+            self.client.execute_command("CLIENT", "UNBLOCK", self.client_id, "TIMEOUT")
+            if self.collect():
+                self.client.lpush(self.wake_key, "1")
+                self.client.ltrim(self.wake_key, 0, 63)
+        except redis.exceptions.RedisError:
+            self.reset()  # no permission for CLIENT UNBLOCK, or the server is gone
+        except OSError:
+            self.reset()
+
+    def reset(self) -> None:
+        """Drop the connection; the next arm() reconnects and sends a fresh call."""
+        self.armed_at = None
+        self.client_id = None
+        try:
+            self.conn.disconnect()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.cancel()
+        self.reset()

@@ -1,0 +1,108 @@
+"""Supervisor settings: one frozen dataclass, read from flags or ``ECHOMQ_*`` variables.
+
+Every command-line flag has an environment variable of the same meaning, so one
+container image runs under Kubernetes with env only. ``ENV_VARS`` is the single
+table of those names; the deploy manifests are checked against it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from echomq.errors import ConfigError
+
+# flag (without dashes, underscores) -> environment variable
+ENV_VARS: dict[str, str] = {
+    "redis_url": "ECHOMQ_REDIS_URL",
+    "queue": "ECHOMQ_QUEUE",
+    "handler": "ECHOMQ_HANDLER",
+    "processes": "ECHOMQ_PROCESSES",
+    "floor_url": "ECHOMQ_FLOOR_URL",
+    "durability": "ECHOMQ_DURABILITY",
+    "beat_ms": "ECHOMQ_BEAT_MS",
+    "lease_ms": "ECHOMQ_LEASE_MS",
+    "drain_timeout": "ECHOMQ_DRAIN_TIMEOUT",
+    "health_port": "ECHOMQ_HEALTH_PORT",
+    "health_host": "ECHOMQ_HEALTH_HOST",
+    "max_memory_mb": "ECHOMQ_MAX_MEMORY_MB",
+    "max_jobs": "ECHOMQ_MAX_JOBS",
+    "spill_horizon": "ECHOMQ_SPILL_HORIZON",
+    "log_json": "ECHOMQ_LOG_JSON",
+    "log_level": "ECHOMQ_LOG_LEVEL",
+    "config": "ECHOMQ_CONFIG",
+}
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_DRAIN_TIMEOUT_S = 25.0  # below Kubernetes' default 30 s grace period
+DEFAULT_SPILL_HORIZON_S = 3600.0
+DURABILITIES = ("volatile", "folded", "sync")
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """One queue served by the supervisor: its handler and how many processes run it."""
+
+    name: str
+    handler: str
+    processes: int = 1
+    durability: str | None = None  # None: "folded" with a floor, "volatile" without
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``echomq-supervisor start`` needs, already validated."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    queues: tuple[QueueSpec, ...] = ()
+    floor_url: str | None = None
+    beat_ms: int = 1000
+    lease_ms: int = 30000
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S
+    health_port: int | None = None
+    health_host: str = "0.0.0.0"
+    max_memory_mb: int | None = None
+    max_jobs: int | None = None
+    spill_horizon: float = DEFAULT_SPILL_HORIZON_S
+    log_json: bool = False
+    log_level: str = "INFO"
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.beat_ms < 10:
+            raise ConfigError(f"beat_ms must be >= 10, got {self.beat_ms}")
+        if self.lease_ms < 100:
+            raise ConfigError(f"lease_ms must be >= 100, got {self.lease_ms}")
+        if self.drain_timeout < 0:
+            raise ConfigError(f"drain_timeout must be >= 0, got {self.drain_timeout}")
+        for spec in self.queues:
+            if spec.processes < 1:
+                raise ConfigError(f"queue {spec.name!r}: processes must be >= 1")
+            if spec.durability is not None and spec.durability not in DURABILITIES:
+                raise ConfigError(
+                    f"queue {spec.name!r}: durability must be one of {', '.join(DURABILITIES)}"
+                )
+
+    def durability_of(self, spec: QueueSpec) -> str:
+        """The effective durability dial of one queue."""
+        if spec.durability is not None:
+            return spec.durability
+        return "folded" if self.floor_url else "volatile"
+
+
+def env_value(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The environment value for a flag name (``beat_ms``), or None when unset or empty."""
+    env = os.environ if environ is None else environ
+    value = env.get(ENV_VARS[name])
+    return value if value not in (None, "") else None
+
+
+def parse_bool(text: str) -> bool:
+    """Read a boolean flag from the environment ("1", "true", "yes", "on")."""
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"not a boolean: {text!r}")

@@ -1,0 +1,78 @@
+"""Shared fixtures: a private redis-server for the session, unique queue names per test.
+
+ECHOMQ_TEST_REDIS_URL points the suite at an existing server instead. Without
+a redis-server/valkey-server binary, a testcontainers Valkey is used when a
+Docker engine answers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from supervisor.localredis import LocalRedis, server_binary
+
+
+def _container_url() -> Iterator[str]:
+    try:
+        from testcontainers.core.container import DockerContainer
+    except ImportError:
+        pytest.fail("no redis-server/valkey-server on PATH and testcontainers is not installed")
+    if not shutil.which("docker"):
+        pytest.fail("no redis-server/valkey-server on PATH and no docker client")
+    container = DockerContainer("valkey/valkey:8").with_exposed_ports(6379)
+    try:
+        container.start()
+    except Exception as exc:  # no engine: say so plainly
+        pytest.fail(f"no redis-server/valkey-server on PATH and Docker failed: {exc}")
+    try:
+        yield f"redis://{container.get_container_host_ip()}:{container.get_exposed_port(6379)}/0"
+    finally:
+        container.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of the session's server."""
+    env = os.environ.get("ECHOMQ_TEST_REDIS_URL")
+    if env:
+        yield env
+        return
+    if server_binary() is None:
+        yield from _container_url()
+        return
+    server = LocalRedis().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def queue_name() -> str:
+    """A queue name no other test uses, so tests never need FLUSHALL."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def private_redis() -> Iterator[LocalRedis]:
+    """A server of this test's own, free to kill, pause and restart empty."""
+    if server_binary() is None:
+        pytest.skip("needs a redis-server/valkey-server binary to kill and restart")
+    server = LocalRedis().start()
+    try:
+        yield server
+    finally:
+        server.stop()

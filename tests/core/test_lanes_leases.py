@@ -1,0 +1,201 @@
+"""Lanes.claim fairness, lease tokens, settle, extend, reap, retries, dead jobs, retention."""
+
+from __future__ import annotations
+
+import redis
+
+import echomq
+from echomq import scripts
+from echomq.keys import Keys
+from echomq.lanes import Lanes, Outcome
+from echomq.scripts import Settled
+
+
+def _lanes(q: echomq.Queue, **overrides: object) -> Lanes:
+    return Lanes(q.redis, q.keys, q.settings.with_overrides(**overrides))
+
+
+def test_round_robin_lane_fairness(redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add_many([("x", i, {"lane": "big"}) for i in range(10_000)])
+    q.add("x", "a", lane="small-a")
+    q.add("x", "b", lane="small-b")
+    lanes = _lanes(q)
+    order = [c.lane for c in lanes.claim(3)]
+    assert sorted(order) == ["big", "small-a", "small-b"]  # one claim turn per lane
+    # the small lanes are done and left the ring; the big one is alone now
+    assert [c.lane for c in lanes.claim(5)] == ["big"] * 5
+    assert q.stats()["lanes"] == 1
+
+
+def test_claim_order_alternates_between_lanes(redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add_many([("x", i, {"lane": "a"}) for i in range(100)])
+    q.add_many([("x", i, {"lane": "b"}) for i in range(3)])
+    lanes = _lanes(q)
+    order = [lanes.claim(1)[0].lane for _ in range(8)]
+    assert order == ["a", "b", "a", "b", "a", "b", "a", "a"]
+    assert [c.payload_text for c in lanes.claim(2)] == ["5", "6"]  # FIFO inside a lane
+
+
+def test_claim_sets_active_attempts_and_lease(redis_url: str, queue_name: str,
+                                              r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", {"k": 1})
+    [c] = _lanes(q).claim(10)
+    assert (c.id, c.attempts, c.name) == (job_id, 1, "x")
+    job = q.get(job_id)
+    assert job is not None and job.state == "active" and job.attempts == 1
+    score = r.zscore(Keys(queue_name).leases, job_id)
+    server_ms = int(r.time()[0]) * 1000
+    assert score is not None and 25_000 < score - server_ms <= 31_000
+    assert _lanes(q).claim(1) == []
+
+
+def test_stale_token_settle_is_refused(redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", 1)
+    lanes = _lanes(q, lease_ms=100)
+    [first] = lanes.claim(1)
+    r = q.redis
+    r.zadd(q.keys.leases, {job_id: 0})  # the lease ran out
+    assert scripts.reap(r, q.keys)[0] == 1
+    [second] = lanes.claim(1)
+    assert second.token != first.token and second.attempts == 2
+    assert lanes.settle([Outcome(job_id, first.token, "c")]) == [Settled.STALE]
+    assert q.get(job_id).state == "active"  # type: ignore[union-attr]
+    assert lanes.settle([Outcome(job_id, second.token, "c")]) == [Settled.COMPLETED]
+    assert lanes.settle([Outcome(job_id, second.token, "c")]) == [Settled.STALE]
+    assert q.counts()["completed"] == 1
+
+
+def test_retry_with_backoff_then_dead(redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", 1, max_attempts=3)
+    lanes = _lanes(q)
+    for attempt in (1, 2):
+        [c] = lanes.claim(1)
+        assert c.attempts == attempt
+        before = int(r.time()[0]) * 1000
+        assert lanes.settle([Outcome(c.id, c.token, "f", "boom", 5_000)]) == [Settled.RETRYING]
+        job = q.get(job_id)
+        assert job is not None and job.state == "scheduled" and job.error == "boom"
+        assert 4_000 <= (job.due_ms or 0) - before <= 6_500
+        r.zadd(q.keys.schedule, {job_id: 0})  # let the clock pass the backoff
+        assert scripts.promote(r, q.keys, 100)[0] == 1
+    [c] = lanes.claim(1)
+    assert lanes.settle([Outcome(c.id, c.token, "f", "final boom", 5_000)]) == [Settled.DEAD]
+    job = q.get(job_id)
+    assert job is not None and job.state == "dead" and job.error == "final boom"
+    assert q.counts()["dead"] == 1 and q.stats()["retried"] == 2
+
+
+def test_consumer_backoff_doubles(redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", 1, max_attempts=5, backoff=echomq.Backoff(base=10, jitter=0))
+    dues = []
+
+    def fail(job: echomq.Job) -> None:
+        raise RuntimeError(f"attempt {job.attempts}")
+
+    c = echomq.Consumer(q, fail)
+    for _ in range(3):
+        start = int(q.redis.time()[0]) * 1000 + int(q.redis.time()[1]) // 1000
+        c.run(burst=True)
+        job = q.get(job_id)
+        assert job is not None and job.state == "scheduled"
+        dues.append((job.due_ms or 0) - start)
+        q.redis.zadd(q.keys.schedule, {job_id: 0})
+    assert [round(d / 1000) for d in dues] == [10, 20, 40]
+    assert "attempt 3" in (q.get(job_id).error or "")  # type: ignore[union-attr]
+
+
+def test_dead_jobs_keep_traceback_and_can_be_retried(redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", {"n": 1}, max_attempts=1)
+
+    def fail(job: echomq.Job) -> None:
+        raise KeyError("missing-thing")
+
+    echomq.Consumer(q, fail).run(burst=True)
+    [dead] = q.dead()
+    assert dead.id == job_id and "Traceback" in (dead.error or "") and "missing-thing" in dead.error
+    assert q.retry_dead([job_id]) == 1
+    assert q.counts()["dead"] == 0
+    results = []
+    echomq.Consumer(q, lambda job: results.append(job.attempts)).run(burst=True)
+    assert results == [1]
+    assert q.get(job_id).state == "completed"  # type: ignore[union-attr]
+
+
+def test_extend_keeps_a_lease_alive(redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add("x", 1)
+    lanes = _lanes(q, lease_ms=60_000)
+    [c] = lanes.claim(1)
+    q.redis.zadd(q.keys.leases, {c.id: 1})
+    assert lanes.extend([(c.id, c.token), (c.id, "999999")]) == [True, False]
+    assert scripts.reap(q.redis, q.keys)[:2] == (0, 0)
+
+
+def test_reap_returns_expired_leases_to_the_front_then_dead(redis_url: str,
+                                                            queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url, max_stalls=1)
+    first = q.add("x", 1)
+    q.add("x", 2)
+    lanes = _lanes(q, lease_ms=100)
+    [c] = lanes.claim(1)
+    assert c.id == first
+    requeued, buried, next_expiry, _ = scripts.reap(q.redis, q.keys)
+    assert (requeued, buried, next_expiry) == (0, 0, next_expiry) and next_expiry > 0
+    q.redis.zadd(q.keys.leases, {first: 0})  # its lease ran out
+    assert scripts.reap(q.redis, q.keys)[:2] == (1, 0)
+    job = q.get(first)
+    assert job is not None and job.state == "waiting" and job.stalls == 1
+    [again] = lanes.claim(1)
+    assert again.id == first  # back at the front of its lane
+    q.redis.zadd(q.keys.leases, {first: 0})
+    assert scripts.reap(q.redis, q.keys)[:2] == (0, 1)
+    job = q.get(first)
+    assert job is not None and job.state == "dead" and "stalled 2 times" in (job.error or "")
+
+
+def test_release_modes(redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    a, b = q.add("x", 1), q.add("x", 2)
+    lanes = _lanes(q)
+    ca, cb = lanes.claim(2)
+    assert lanes.release([(ca.id, ca.token)], "unstarted") == (1, 0)
+    assert lanes.release([(cb.id, "bogus")], "stall") == (0, 0)
+    assert lanes.release([(cb.id, cb.token)], "requeue") == (1, 0)
+    ja, jb = q.get(a), q.get(b)
+    assert ja is not None and jb is not None
+    assert (ja.state, ja.attempts, ja.stalls) == ("waiting", 0, 0)
+    assert (jb.state, jb.attempts, jb.stalls) == ("waiting", 1, 0)
+
+
+def test_promote_in_batches_of_pump_batch(redis_url: str, queue_name: str,
+                                          r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add_many([("x", i, {"delay": 3600}) for i in range(250)])
+    r.zadd(q.keys.schedule, {m: 1 for m in r.zrange(q.keys.schedule, 0, -1)})
+    assert scripts.promote(r, q.keys, 100)[0] == 100
+    assert scripts.promote(r, q.keys, 100)[0] == 100
+    promoted, next_due, _ = scripts.promote(r, q.keys, 100)
+    assert (promoted, next_due) == (50, -1)
+    assert q.counts()["waiting"] == 250 and q.counts()["scheduled"] == 0
+
+
+def test_retention_bounds_completed_jobs(redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url, keep_completed=5)
+    ids = q.add_many([("x", i) for i in range(20)])
+    echomq.Consumer(q, lambda job: job.payload * 2).run(burst=True)
+    assert q.counts()["completed"] == 20
+    assert r.zcard(q.keys.completed) == 5
+    kept = [q.get(i) for i in ids]
+    assert sum(1 for j in kept if j is not None) == 5
+    assert all(j.result == j.payload * 2 and j.state == "completed" for j in kept if j)
+    q0 = echomq.Queue(queue_name + "-drop", redis_url=redis_url, keep_completed=0)
+    job_id = q0.add("x", 1)
+    echomq.Consumer(q0, lambda job: None).run(burst=True)
+    assert q0.get(job_id) is None and q0.counts()["completed"] == 1
