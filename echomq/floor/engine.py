@@ -1,0 +1,107 @@
+"""Engine creation for the floor, and URL redaction for its error messages."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+from echomq.errors import FloorError
+
+#: Execution option that makes a SQLite transaction start with BEGIN IMMEDIATE.
+WRITE_OPTION = "emq_write"
+
+SQLITE_BUSY_TIMEOUT_MS = 5000
+PG_CONNECT_TIMEOUT_S = 10
+
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#]*)@")
+_QUERY_PASSWORD = re.compile(r"(?i)([?&](?:password|pass|pwd)=)[^&#]*")
+
+
+def redact_url(url: str | URL) -> str:
+    """Return ``url`` with any password replaced by ``***``.
+
+    Works on text that does not parse as a URL too, so error paths can always
+    call it.
+    """
+    text = url.render_as_string(hide_password=False) if isinstance(url, URL) else str(url)
+
+    def _userinfo(m: re.Match[str]) -> str:
+        user, sep, _password = m["userinfo"].partition(":")
+        return f"{m['scheme']}{user}{':***' if sep else ''}@"
+
+    text = _USERINFO.sub(_userinfo, text, count=1)
+    return _QUERY_PASSWORD.sub(r"\1***", text)
+
+
+def normalize_url(url: str) -> URL:
+    """Parse a floor URL, choosing psycopg 3 for PostgreSQL.
+
+    Accepts ``sqlite:///path`` and ``postgresql://`` / ``postgres://`` (with or
+    without an explicit ``+driver``); anything else is a :class:`FloorError`.
+    """
+    text = str(url).strip()
+    if text.startswith("postgres://"):
+        text = "postgresql://" + text[len("postgres://") :]
+    try:
+        parsed = make_url(text)
+    except ArgumentError:
+        # from None: the parser's message may quote the URL, password included.
+        raise FloorError(f"invalid floor URL {redact_url(text)!r}") from None
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise FloorError(
+            f"unsupported floor URL {redact_url(text)!r}: expected sqlite:///PATH or "
+            "postgresql://USER:PASSWORD@HOST/DB"
+        )
+    return parsed
+
+
+def make_engine(url: str) -> Engine:
+    """Create the floor's engine for a SQLite or PostgreSQL URL."""
+    parsed = normalize_url(url)
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            engine = create_engine(parsed)
+            _tune_sqlite(engine)
+            return engine
+        connect_args: dict[str, Any] = {}
+        if "connect_timeout" not in parsed.query:
+            connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+        return create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        raise FloorError(f"cannot create floor engine for {redact_url(parsed)}: {exc}") from exc
+
+
+def _tune_sqlite(engine: Engine) -> None:
+    """Per-connection pragmas and explicit BEGIN, after SQLAlchemy's documented recipe.
+
+    The sqlite3 driver's legacy transaction control is switched off
+    (``isolation_level = None``) and SQLAlchemy emits BEGIN itself: plain
+    BEGIN (deferred) for reads, BEGIN IMMEDIATE for writes. A deferred
+    transaction that later writes cannot wait for the lock (SQLite returns
+    SQLITE_BUSY at once to avoid a deadlock); IMMEDIATE takes the write lock
+    up front, so ``busy_timeout`` queues concurrent writers instead.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            # busy_timeout first: switching to WAL needs a lock another process may hold.
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get(WRITE_OPTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")

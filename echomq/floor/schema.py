@@ -1,0 +1,38 @@
+"""The floor's tables, as SQLAlchemy Core metadata.
+
+The migrations in ``migrations/versions`` create these tables; this metadata is
+what the code queries with (and what Alembic compares against). Production
+code never calls ``metadata.create_all``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Boolean, Column, Index, MetaData, String, Table, Text, false
+
+# Our own version table, so a floor can share a database with an application
+# that runs its own Alembic migrations (whose table is ``alembic_version``).
+VERSION_TABLE = "emq_alembic_version"
+
+metadata = MetaData()
+
+jobs = Table(
+    "emq_floor_jobs",
+    metadata,
+    Column("queue", String(128), primary_key=True),
+    Column("job_id", String(255), primary_key=True),
+    Column("due_ms", BigInteger, nullable=False),
+    Column("spilled", Boolean, nullable=False, default=False, server_default=false()),
+    # The job's Redis hash as a JSON object of str -> str.
+    Column("fields", Text, nullable=False),
+    Column("created_ms", BigInteger),
+    Column("updated_ms", BigInteger),
+)
+
+Index("ix_emq_floor_jobs_queue_spilled_due", jobs.c.queue, jobs.c.spilled, jobs.c.due_ms)
+
+fences = Table(
+    "emq_floor_fences",
+    metadata,
+    Column("queue", String(128), primary_key=True),
+    Column("fence", BigInteger, nullable=False),
+)

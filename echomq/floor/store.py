@@ -1,0 +1,350 @@
+"""The floor: durable job rows on SQLite or PostgreSQL, fenced by the scheduler's leader term.
+
+Every method is synchronous and runs one short transaction. Writes take the
+caller's leader ``fence`` and fail with :class:`StaleFence` when a newer
+leader has already written, so a deposed scheduler cannot undo its
+successor's work.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import Connection, Engine, delete, func, select, text, true, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
+
+from echomq.errors import FloorError, FloorSchemaError, StaleFence
+from echomq.floor.engine import WRITE_OPTION, make_engine, redact_url
+from echomq.floor.schema import VERSION_TABLE, fences, jobs
+
+# Ids per IN (...) list: well under SQLite's and PostgreSQL's bound-parameter limits.
+_CHUNK = 500
+# pg_advisory_xact_lock key serialising concurrent `migrate` runs ("EMQFLOOR").
+_MIGRATE_LOCK = 0x454D51464C4F4F52
+
+
+@dataclass(frozen=True)
+class FloorRow:
+    """One job on the floor: its id, due time (ms since the epoch) and Redis hash."""
+
+    job_id: str
+    due_ms: int
+    fields: dict[str, str]
+    spilled: bool = False
+
+
+class Floor:
+    """Batched, fenced access to the floor's tables."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._writer = engine.execution_options(**{WRITE_OPTION: True})
+        self._pg = engine.dialect.name == "postgresql"
+        self._password = engine.url.password
+        self.url_redacted = redact_url(engine.url)
+
+    @classmethod
+    def from_url(cls, url: str) -> Floor:
+        """Open a floor on ``sqlite:///PATH`` or ``postgresql://...`` (connects lazily)."""
+        return cls(make_engine(url))
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Floor:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.dispose()
+
+    def __repr__(self) -> str:
+        return f"Floor({self.url_redacted!r})"
+
+    # -- schema ---------------------------------------------------------------
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Run the shipped migrations up to ``revision``."""
+        self._migrate(command.upgrade, revision)
+
+    def downgrade(self, revision: str) -> None:
+        """Run the shipped migrations down to ``revision`` (``"base"`` drops everything)."""
+        self._migrate(command.downgrade, revision)
+
+    def current_revision(self) -> str | None:
+        """The revision the database is at, or None when it was never migrated."""
+        with self._guard("reading the schema revision"), self._engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            return ctx.get_current_revision()
+
+    def head_revision(self) -> str:
+        """The newest revision among the migrations shipped with this package."""
+        head = ScriptDirectory.from_config(self._alembic_config()).get_current_head()
+        if head is None:
+            raise FloorError("no floor migrations found in the installed 'migrations' package")
+        return head
+
+    def check_at_head(self) -> None:
+        """Raise :class:`FloorSchemaError` unless the schema is at the shipped head."""
+        current, head = self.current_revision(), self.head_revision()
+        if current == head:
+            return
+        hint = f"run `echomq-supervisor migrate --floor-url {self.url_redacted}`"
+        if current is not None and not self._known(current):
+            hint = f"it was migrated by a newer EchoMQ: upgrade EchoMQ, then {hint}"
+        raise FloorSchemaError(
+            f"floor schema is at revision {current or 'base (empty)'} but this EchoMQ needs "
+            f"revision {head}; {hint}"
+        )
+
+    # -- writes ---------------------------------------------------------------
+
+    def upsert(self, queue: str, rows: Sequence[FloorRow], fence: int) -> int:
+        """Insert rows or update their due time, spilled flag and fields. Returns rows written."""
+        if not rows:
+            return 0
+        now = _now_ms()
+        # Last one wins for a repeated id, as it would applied one by one.
+        unique = {row.job_id: row for row in rows}
+        params = [
+            {
+                "queue": queue,
+                "job_id": row.job_id,
+                "due_ms": row.due_ms,
+                "spilled": row.spilled,
+                "fields": _dump(row.fields),
+                "created_ms": now,
+                "updated_ms": now,
+            }
+            for row in unique.values()
+        ]
+        stmt = self._insert(jobs)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[jobs.c.queue, jobs.c.job_id],
+            set_={
+                name: stmt.excluded[name] for name in ("due_ms", "spilled", "fields", "updated_ms")
+            },
+        )
+        with self._write("upsert", queue, fence) as conn:
+            conn.execute(stmt, params)  # executemany: one prepared statement, many rows
+        return len(params)
+
+    def close(self) -> None:
+        """Close every pooled connection (same as :meth:`dispose`)."""
+        self.dispose()
+
+    def close_jobs(self, queue: str, job_ids: Iterable[str], fence: int) -> int:
+        """Delete the rows of jobs that completed or died; returns how many existed."""
+        ids = _unique(job_ids)
+        if not ids:
+            return 0
+        closed = 0
+        with self._write("close", queue, fence) as conn:
+            for chunk in _chunks(ids):
+                stmt = delete(jobs).where(jobs.c.queue == queue, jobs.c.job_id.in_(chunk))
+                closed += conn.execute(stmt).rowcount
+        return closed
+
+    def mark_spilled(self, queue: str, job_ids: Iterable[str], fence: int) -> int:
+        """Flag rows as held by the floor alone (no longer in Redis). Returns rows marked."""
+        return self._set_spilled(queue, _unique(job_ids), True, fence, "mark_spilled")
+
+    def restore_due(
+        self,
+        queue: str,
+        until_ms: int,
+        limit: int,
+        fence: int,
+        apply: Callable[[list[FloorRow]], None],
+    ) -> int:
+        """Hand spilled rows due before ``until_ms`` (earliest first) to ``apply``, then unspill.
+
+        One transaction: if ``apply`` raises, nothing is marked and the error
+        propagates. On PostgreSQL the rows are locked ``FOR UPDATE SKIP
+        LOCKED``, so concurrent callers get disjoint rows. ``apply`` sees the
+        rows as stored (``spilled=True``). Returns the number restored.
+        """
+        if limit <= 0:
+            return 0
+        stmt = (
+            select(jobs.c.job_id, jobs.c.due_ms, jobs.c.fields)
+            .where(jobs.c.queue == queue, jobs.c.spilled == true(), jobs.c.due_ms < until_ms)
+            .order_by(jobs.c.due_ms, jobs.c.job_id)
+            .limit(limit)
+        )
+        if self._pg:
+            stmt = stmt.with_for_update(skip_locked=True)
+        with self._write("restore_due", queue, fence) as conn:
+            rows = [
+                FloorRow(job_id, due_ms, json.loads(fields), spilled=True)
+                for job_id, due_ms, fields in conn.execute(stmt)
+            ]
+            if not rows:
+                return 0
+            apply(rows)
+            self._update_spilled(conn, queue, [row.job_id for row in rows], False)
+        return len(rows)
+
+    # -- reads ----------------------------------------------------------------
+
+    def open_rows(self, queue: str, after_job_id: str | None, limit: int) -> list[FloorRow]:
+        """Up to ``limit`` rows of ``queue`` ordered by job id, after ``after_job_id``."""
+        stmt = select(jobs.c.job_id, jobs.c.due_ms, jobs.c.fields, jobs.c.spilled).where(
+            jobs.c.queue == queue
+        )
+        if after_job_id is not None:
+            stmt = stmt.where(jobs.c.job_id > after_job_id)
+        stmt = stmt.order_by(jobs.c.job_id).limit(limit)
+        with self._guard("open_rows"), self._engine.connect() as conn:
+            return [
+                FloorRow(job_id, due_ms, json.loads(fields), spilled=bool(spilled))
+                for job_id, due_ms, fields, spilled in conn.execute(stmt)
+            ]
+
+    def count(self, queue: str, spilled: bool | None = None) -> int:
+        """Rows of ``queue``; only spilled (or only unspilled) ones when ``spilled`` is given."""
+        stmt = select(func.count()).select_from(jobs).where(jobs.c.queue == queue)
+        if spilled is not None:
+            stmt = stmt.where(jobs.c.spilled == spilled)
+        with self._guard("count"), self._engine.connect() as conn:
+            return int(conn.scalar(stmt) or 0)
+
+    def ping(self) -> None:
+        """Raise :class:`FloorError` unless the database answers."""
+        with self._guard("ping"), self._engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+    # -- internals ------------------------------------------------------------
+
+    @contextmanager
+    def _guard(self, action: str) -> Iterator[None]:
+        """Re-raise driver errors as FloorError, with the URL's password hidden."""
+        try:
+            yield
+        except DBAPIError as exc:
+            detail = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
+            message = f"{type(exc.orig or exc).__name__}: {detail[0] if detail else ''}"
+            if self._password:
+                message = message.replace(self._password, "***")
+            raise FloorError(f"floor {action} failed on {self.url_redacted}: {message}") from exc
+
+    @contextmanager
+    def _write(self, action: str, queue: str, fence: int) -> Iterator[Connection]:
+        """A write transaction (BEGIN IMMEDIATE on SQLite) that has passed the fence check."""
+        with self._guard(action), self._writer.begin() as conn:
+            self._check_fence(conn, queue, fence)
+            yield conn
+
+    def _check_fence(self, conn: Connection, queue: str, fence: int) -> None:
+        """Store ``fence`` for ``queue`` unless a larger one is stored (then StaleFence)."""
+        current = select(fences.c.fence).where(fences.c.queue == queue)
+        stored = conn.scalar(current)
+        if stored == fence and self._pg:
+            # A share lock, not an update: writers of the same term run side by side
+            # (restore_due's SKIP LOCKED needs that), while a successor's bump waits
+            # for this transaction to finish.
+            stored = conn.scalar(current.with_for_update(read=True))
+        if stored == fence:
+            return
+        if stored is None or stored < fence:
+            bump = self._insert(fences).values(queue=queue, fence=fence)
+            bump = bump.on_conflict_do_update(
+                index_elements=[fences.c.queue],
+                set_={"fence": bump.excluded.fence},
+                where=fences.c.fence <= bump.excluded.fence,
+            )
+            conn.execute(bump)
+            # Read back rather than trust rowcount, which drivers report unevenly for upserts.
+            stored = conn.scalar(current)
+            if stored == fence:
+                return
+        raise StaleFence(
+            f"queue {queue!r}: fence {fence} is stale, the floor holds fence {stored} "
+            "(another scheduler has taken over); nothing was written"
+        )
+
+    def _set_spilled(
+        self, queue: str, ids: list[str], spilled: bool, fence: int, action: str
+    ) -> int:
+        if not ids:
+            return 0
+        with self._write(action, queue, fence) as conn:
+            return self._update_spilled(conn, queue, ids, spilled)
+
+    def _update_spilled(self, conn: Connection, queue: str, ids: list[str], spilled: bool) -> int:
+        now, changed = _now_ms(), 0
+        for chunk in _chunks(ids):
+            stmt = (
+                update(jobs)
+                .where(jobs.c.queue == queue, jobs.c.job_id.in_(chunk))
+                .values(spilled=spilled, updated_ms=now)
+            )
+            changed += conn.execute(stmt).rowcount
+        return changed
+
+    def _insert(self, table: Any) -> Any:
+        return postgresql.insert(table) if self._pg else sqlite.insert(table)
+
+    def _migrate(self, run: Callable[[Config, str], None], revision: str) -> None:
+        with self._guard("migration"), self._writer.begin() as conn:
+            if self._pg:
+                # Replicas started together may all run `migrate`; one at a time.
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATE_LOCK})
+            try:
+                run(self._alembic_config(conn), revision)
+            except CommandError as exc:
+                raise FloorError(f"floor migration to {revision!r} failed: {exc}") from exc
+
+    def _alembic_config(self, conn: Connection | None = None) -> Config:
+        cfg = Config()
+        cfg.set_main_option("script_location", _script_location())
+        url = self._engine.url.render_as_string(hide_password=False)
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+        if conn is not None:
+            cfg.attributes["connection"] = conn
+        return cfg
+
+    def _known(self, revision: str) -> bool:
+        try:
+            script = ScriptDirectory.from_config(self._alembic_config())
+            return script.get_revision(revision) is not None
+        except CommandError:
+            return False
+
+
+def _script_location() -> str:
+    """The installed ``migrations`` package, found as package data (works from a wheel)."""
+    path = Path(str(files("migrations")))
+    if not (path / "env.py").is_file():
+        raise FloorError(f"floor migrations not found: {path / 'env.py'} is missing")
+    return str(path)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _dump(fields: dict[str, str]) -> str:
+    return json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
+
+
+def _unique(job_ids: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(job_ids))
+
+
+def _chunks(ids: list[str]) -> Iterator[list[str]]:
+    for start in range(0, len(ids), _CHUNK):
+        yield ids[start : start + _CHUNK]

@@ -1,0 +1,1 @@
+"""Numbered floor migrations, each with upgrade and downgrade."""

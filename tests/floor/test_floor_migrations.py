@@ -1,0 +1,87 @@
+"""Migrations up and down on both backends, and the at-head check."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from echomq.errors import FloorSchemaError
+from echomq.floor import Floor
+
+TABLES = {"emq_floor_jobs", "emq_floor_fences"}
+INDEX = "ix_emq_floor_jobs_queue_spilled_due"
+
+
+def _tables(floor: Floor) -> set[str]:
+    engine = sa.create_engine(floor._engine.url)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _indexes(floor: Floor) -> set[str]:
+    engine = sa.create_engine(floor._engine.url)
+    try:
+        return {ix["name"] for ix in sa.inspect(engine).get_indexes("emq_floor_jobs")}
+    finally:
+        engine.dispose()
+
+
+def test_up_down_up(empty_floor: Floor) -> None:
+    head = empty_floor.head_revision()
+    assert empty_floor.current_revision() is None
+    assert not TABLES & _tables(empty_floor)
+
+    empty_floor.upgrade()
+    assert empty_floor.current_revision() == head
+    assert _tables(empty_floor) >= TABLES
+    assert INDEX in _indexes(empty_floor)
+
+    empty_floor.downgrade("base")
+    assert empty_floor.current_revision() is None
+    assert not TABLES & _tables(empty_floor)
+
+    empty_floor.upgrade("head")
+    assert empty_floor.current_revision() == head
+    assert _tables(empty_floor) >= TABLES
+
+
+def test_upgrade_at_head_is_a_no_op(floor: Floor) -> None:
+    floor.upgrade()
+    assert floor.current_revision() == floor.head_revision()
+
+
+def test_check_at_head(empty_floor: Floor) -> None:
+    head = empty_floor.head_revision()
+    with pytest.raises(FloorSchemaError) as info:
+        empty_floor.check_at_head()
+    message = str(info.value)
+    assert head in message
+    assert "base" in message
+    assert f"echomq-supervisor migrate --floor-url {empty_floor.url_redacted}" in message
+
+    empty_floor.upgrade()
+    empty_floor.check_at_head()
+
+
+def test_check_at_head_hides_the_password(pg_url: str) -> None:
+    # The local server trusts every login, so any password connects.
+    url = sa.make_url(pg_url).set(password="hunter2").render_as_string(hide_password=False)
+    floor = Floor.from_url(url)
+    try:
+        with pytest.raises(FloorSchemaError) as info:
+            floor.check_at_head()
+        assert "hunter2" not in str(info.value)
+        assert ":***@" in str(info.value)
+    finally:
+        floor.dispose()
+
+
+def test_migrations_ship_as_package_data(floor: Floor) -> None:
+    from importlib.resources import files
+
+    root = files("migrations")
+    assert root.joinpath("env.py").is_file()
+    assert root.joinpath("script.py.mako").is_file()
+    assert root.joinpath("versions", "0001_floor.py").is_file()
