@@ -1,0 +1,1 @@
+"""The EchoMQ supervisor: metronomes, forked consumers poked over pipes, the floor scheduler."""

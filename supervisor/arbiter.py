@@ -1,0 +1,548 @@
+"""The arbiter: one selector loop over signals, child pipes and the metronomes' BLPOPs.
+
+Nothing here sleeps. The loop blocks in ``selector.select`` with a timeout
+equal to the nearest local deadline (a schedule head, a lease head, a lease
+extension, a respawn, the drain deadline) and acts on whatever woke it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import selectors
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.exceptions
+
+from echomq import scripts
+from echomq.config import QueueSettings
+from echomq.connection import client_from_url, redact_url
+from echomq.keys import Keys
+from supervisor import protocol
+from supervisor.children import Child, fork_child, sever_client
+from supervisor.handlers import import_handler
+from supervisor.logs import event
+from supervisor.metronome import Metronome
+from supervisor.recycle import over_memory
+from supervisor.settings import QueueSpec, Settings
+from supervisor.signals import SignalPipe
+
+log = logging.getLogger("echomq.supervisor")
+NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+CRASH_BACKOFF_MAX_S = 30.0
+STABLE_AFTER_S = 30.0  # a child that lived this long was not crash-looping
+RECYCLE_CHECK_S = 5.0
+
+
+class BootFailed(Exception):
+    """A child could not load its handler: respawning would not help."""
+
+
+@dataclass
+class Slot:
+    """A place for one consumer process; survives the processes that fill it."""
+
+    index: int
+    child: Child | None = None
+    crashes: int = 0
+    respawn_at: float | None = 0.0
+
+
+@dataclass
+class QueueRuntime:
+    """Everything the arbiter keeps for one queue."""
+
+    spec: QueueSpec
+    settings: QueueSettings
+    handler: Callable[..., Any]
+    metronome: Metronome
+    slots: list[Slot]
+    work_seen: float = 0.0
+    healthy: bool = True
+    failures: int = 0
+    claim_jobs: int = 0
+    claim_wait_us: int = 0
+    restarts: int = 0
+    scheduler: Any = None
+    children_by_fd: dict[int, Child] = field(default_factory=dict)
+
+    @property
+    def children(self) -> list[Child]:
+        return [s.child for s in self.slots if s.child is not None]
+
+
+class Arbiter:
+    """Runs the queues of one supervisor until SIGTERM/SIGINT, then drains and returns 0."""
+
+    def __init__(self, settings: Settings, *, floor: Any = None,
+                 scheduler_factory: Callable[[QueueRuntime], Any] | None = None) -> None:
+        self.settings = settings
+        self.client = client_from_url(settings.redis_url)
+        self.where = redact_url(settings.redis_url)
+        self.floor = floor
+        self.queues: dict[str, QueueRuntime] = {}
+        for spec in settings.queues:
+            qs = QueueSettings(beat_ms=settings.beat_ms, lease_ms=settings.lease_ms,
+                               durability=settings.durability_of(spec))
+            self.queues[spec.name] = QueueRuntime(
+                spec=spec, settings=qs, handler=import_handler(spec.handler),
+                metronome=Metronome(spec.name, self.client, qs),
+                slots=[Slot(i) for i in range(spec.processes)],
+            )
+        if scheduler_factory is not None:
+            for rt in self.queues.values():
+                rt.scheduler = scheduler_factory(rt)
+        self.selector = selectors.DefaultSelector()
+        self.signals: SignalPipe | None = None
+        self.stopping = False
+        self.drain_deadline: float | None = None
+        self.next_extend = 0.0
+        self.next_recycle = 0.0
+        self.last_loop = time.monotonic()
+        self.started = time.time()
+        self.exit_code = 0
+        self.forget_in_child: list[Callable[[], None]] = []
+        self.pids: dict[int, Child] = {}
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.signals = SignalPipe()
+        self.selector.register(self.signals.fileno(), selectors.EVENT_READ, "signals")
+        self.forget_in_child.append(self.signals.forget_in_child)
+        self.forget_in_child.append(lambda: sever_client(self.client))
+        for rt in self.queues.values():
+            self.forget_in_child.append(lambda rt=rt: self._forget_doorbell(rt))
+            self._prepare_queue(rt)
+        event(log, "start", "supervisor started: %s, queues %s", self.where,
+              ", ".join(f"{q}×{rt.spec.processes}" for q, rt in self.queues.items()),
+              pid=os.getpid())
+        try:
+            while True:
+                self._loop_once()
+                if self.stopping and not self.pids:
+                    break
+        except BootFailed as exc:
+            log.error("%s", exc)
+            self._kill_all("requeue")
+            self.exit_code = protocol.EXIT_BOOT_FAILED
+        finally:
+            for rt in self.queues.values():
+                rt.metronome.doorbell.close()
+                if rt.scheduler is not None:
+                    rt.scheduler.close()
+            self.signals.close()
+        event(log, "exit", "supervisor exiting with %d", self.exit_code, exit=self.exit_code)
+        return self.exit_code
+
+    def _prepare_queue(self, rt: QueueRuntime) -> None:
+        try:
+            scripts.load_all(self.client)
+            durability = rt.settings.durability or "volatile"
+            self.client.hset(Keys(rt.spec.name).meta, mapping={
+                "fold": "1" if durability != "volatile" else "0", "durability": durability})
+        except NETWORK_ERRORS as exc:
+            self._queue_down(rt, time.monotonic(), exc)
+
+    def _loop_once(self) -> None:
+        now = time.monotonic()
+        self.last_loop = now
+        self._arm_doorbells(now)
+        timeout = max(0.0, self._next_deadline() - now)
+        for key, _ in self.selector.select(timeout):
+            if key.data == "signals":
+                assert self.signals is not None
+                for signum in self.signals.read():
+                    self._on_signal(signum)
+            elif isinstance(key.data, Child):
+                self._on_child_readable(key.data)
+            elif isinstance(key.data, QueueRuntime):
+                self._on_ring(key.data)
+        self._on_timers(time.monotonic())
+
+    def _next_deadline(self) -> float:
+        deadlines = [time.monotonic() + 5.0]
+        if not self.stopping:
+            deadlines += [rt.metronome.deadline() for rt in self.queues.values()]
+            deadlines += [s.respawn_at for rt in self.queues.values() for s in rt.slots
+                          if s.respawn_at is not None and s.child is None]
+            deadlines += [rt.scheduler.deadline() for rt in self.queues.values()
+                          if rt.scheduler is not None]
+        if any(rt.children for rt in self.queues.values()):
+            deadlines.append(self.next_extend)
+        if self.settings.max_memory_mb:
+            deadlines.append(self.next_recycle)
+        if self.drain_deadline is not None:
+            deadlines.append(self.drain_deadline)
+        return min(deadlines)
+
+    # --- signals ---------------------------------------------------------------------
+
+    def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGCHLD:
+            self._reap_children()
+        elif signum in (signal.SIGTERM, signal.SIGINT):
+            name = signal.Signals(signum).name
+            if self.stopping and signum == signal.SIGINT:
+                event(log, "drain-abort", "second SIGINT: stopping now, requeueing jobs",
+                      signal=name)
+                self._kill_all("requeue")
+            elif not self.stopping:
+                event(log, "drain", "%s: draining (up to %.1fs)", name,
+                      self.settings.drain_timeout, signal=name)
+                self._begin_drain()
+        elif signum == signal.SIGHUP and not self.stopping:
+            self._roll()
+
+    def _begin_drain(self) -> None:
+        self.stopping = True
+        self.drain_deadline = time.monotonic() + self.settings.drain_timeout
+        for rt in self.queues.values():
+            self._unregister_doorbell(rt)
+            rt.metronome.doorbell.cancel()
+            for child in rt.children:
+                self._stop_child(child)
+
+    def _roll(self) -> None:
+        """SIGHUP: reload handler modules, then replace each child once it finishes its job."""
+        for rt in self.queues.values():
+            try:
+                rt.handler = import_handler(rt.spec.handler, reload=True)
+            except Exception as exc:
+                log.error("SIGHUP: keeping the loaded handler of %s: %s", rt.spec.name, exc)
+                continue
+            for child in rt.children:
+                child.respawn_now = True
+                self._stop_child(child)
+        event(log, "reload", "SIGHUP: rolling every consumer process")
+
+    def _stop_child(self, child: Child) -> None:
+        if child.stop_sent:
+            return
+        child.stop_sent = True
+        child.state = "stopping"
+        child.send(protocol.STOP)
+        try:
+            os.kill(child.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    # --- children ---------------------------------------------------------------------
+
+    def _spawn(self, rt: QueueRuntime, slot: Slot) -> None:
+        forget = [*self.forget_in_child, *(self._sibling_forgetters())]
+        child = fork_child(rt.spec.name, slot.index, self.settings.redis_url, rt.settings,
+                           rt.handler, self.settings.max_jobs, forget)
+        slot.child = child
+        slot.respawn_at = None
+        self.pids[child.pid] = child
+        rt.children_by_fd[child.sock.fileno()] = child
+        self.selector.register(child.sock.fileno(), selectors.EVENT_READ, child)
+        event(log, "spawn", "queue %s: consumer %d started", rt.spec.name, child.pid,
+              queue=rt.spec.name, pid=child.pid)
+
+    def _sibling_forgetters(self) -> list[Callable[[], None]]:
+        from supervisor.signals import sever
+
+        socks = [c.sock for c in self.pids.values()]
+        return [lambda: [sever(s) for s in socks]]  # type: ignore[func-returns-value]
+
+    def _on_child_readable(self, child: Child) -> None:
+        rt = self.queues[child.queue]
+        for line in child.reader.read():
+            if line.startswith(protocol.HOLD):
+                child.held = protocol.parse_hold(line)
+            elif line.startswith(protocol.IDLE):
+                parts = line.split()
+                jobs = int(parts[1]) if len(parts) > 1 else 0
+                rt.claim_jobs += jobs
+                rt.claim_wait_us += int(parts[2]) if len(parts) > 2 else 0
+                child.jobs += jobs
+                child.held = []
+                if child.state == "busy":
+                    child.state = "idle"
+                if jobs:
+                    self._slot_of(child).crashes = 0
+                if rt.work_seen >= child.poked_at and not self.stopping:
+                    self._poke(rt, child)  # work may have come after its last claim
+            elif line == protocol.READY and child.state == "starting":
+                child.state = "idle"
+                if not self.stopping:
+                    self._poke(rt, child)
+        if child.reader.closed:
+            self._unregister_child(child)
+            self._reap_children()
+
+    def _unregister_child(self, child: Child) -> None:
+        fd = child.sock.fileno()
+        if fd >= 0:
+            try:
+                self.selector.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+            self.queues[child.queue].children_by_fd.pop(fd, None)
+
+    def _reap_children(self) -> None:
+        """waitpid until nothing is left to reap; unknown children are reaped too (PID 1)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if pid == 0:
+                return
+            child = self.pids.pop(pid, None)
+            if child is not None:
+                self._on_child_exit(child, status)
+
+    def _on_child_exit(self, child: Child, status: int) -> None:
+        rt = self.queues[child.queue]
+        slot = self._slot_of(child)
+        self._unregister_child(child)
+        child.sock.close()
+        slot.child = None
+        if os.WIFSIGNALED(status):
+            how, code = f"killed by {signal.Signals(os.WTERMSIG(status)).name}", -1
+        else:
+            code = os.WEXITSTATUS(status)
+            how = f"exited with {code}"
+        if child.held:
+            self._release(rt, child.held, "requeue" if self.stopping else "stall")
+        if code == protocol.EXIT_BOOT_FAILED:
+            raise BootFailed(f"queue {child.queue}: consumer could not load handler "
+                             f"{rt.spec.handler!r}; stopping")
+        crashed = not (code in (protocol.EXIT_OK, protocol.EXIT_RECYCLE) or child.respawn_now)
+        level = logging.WARNING if crashed and not self.stopping else logging.INFO
+        event(log, "child-exit", "queue %s: consumer %d %s%s", child.queue, child.pid, how,
+              f", released {len(child.held)} job(s)" if child.held else "", level=level,
+              queue=child.queue, pid=child.pid, exit=code)
+        if self.stopping:
+            return
+        now = time.monotonic()
+        rt.restarts += 1
+        if crashed:
+            if now - child.started_at > STABLE_AFTER_S:
+                slot.crashes = 0
+            slot.crashes += 1
+            delay = 0.0 if slot.crashes == 1 else min(
+                CRASH_BACKOFF_MAX_S, 0.25 * 2 ** (slot.crashes - 2))
+        else:
+            delay = 0.0
+        slot.respawn_at = now + delay
+        if delay:
+            event(log, "backoff", "queue %s: slot %d crashed %d times in a row; respawn in "
+                  "%.2fs", child.queue, slot.index, slot.crashes, delay,
+                  queue=child.queue, delay_s=delay, count=slot.crashes)
+
+    def _release(self, rt: QueueRuntime, held: list[tuple[str, str]], mode: str) -> None:
+        try:
+            requeued, buried = scripts.release(self.client, rt.metronome.keys, held, mode)
+        except NETWORK_ERRORS as exc:
+            log.warning("queue %s: could not release %d job(s) (%s); their leases will expire",
+                        rt.spec.name, len(held), exc)
+            return
+        if requeued:
+            rt.work_seen = time.monotonic()
+            self._poke_idle(rt)
+        event(log, "release", "queue %s: requeued %d, buried %d (mode %s)", rt.spec.name,
+              requeued, buried, mode, queue=rt.spec.name, count=requeued + buried)
+
+    def _slot_of(self, child: Child) -> Slot:
+        return self.queues[child.queue].slots[child.slot]
+
+    def _kill_all(self, mode: str) -> None:
+        """The end of the drain ladder: SIGKILL what remains, reap it, requeue its jobs."""
+        self.stopping = True
+        for child in list(self.pids.values()):
+            try:
+                os.kill(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid, child in list(self.pids.items()):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass  # already reaped
+            self.pids.pop(pid, None)
+            self._unregister_child(child)
+            slot = self._slot_of(child)
+            slot.child = None
+            if child.held:
+                self._release(self.queues[child.queue], child.held, mode)
+            child.sock.close()
+
+    # --- the beat ------------------------------------------------------------------------
+
+    def _poke(self, rt: QueueRuntime, child: Child) -> None:
+        if child.send(protocol.POKE):
+            child.state = "busy"
+            child.poked_at = time.monotonic()
+
+    def _poke_idle(self, rt: QueueRuntime) -> None:
+        if self.stopping:
+            return
+        for child in rt.children:
+            if child.state == "idle":
+                self._poke(rt, child)
+
+    def _on_ring(self, rt: QueueRuntime) -> None:
+        now = time.monotonic()
+        try:
+            rung = rt.metronome.collect_ring()
+        except NETWORK_ERRORS as exc:
+            self._unregister_doorbell(rt)
+            self._queue_down(rt, now, exc)
+            return
+        if rung:
+            self._found_work(rt, now)  # poke first: promote can wait a few microseconds
+
+    def _found_work(self, rt: QueueRuntime, now: float) -> None:
+        rt.work_seen = now
+        rt.metronome.saw_work(now)
+        self._poke_idle(rt)
+
+    def _arm_doorbells(self, now: float) -> None:
+        """Keep each queue's BLPOP outstanding while any of its children could take work."""
+        if self.stopping:
+            return
+        for rt in self.queues.values():
+            bell = rt.metronome.doorbell
+            if not rt.healthy and now < rt.metronome.deadline():
+                continue
+            anyone_idle = any(c.state in ("idle", "starting") for c in rt.children)
+            if not anyone_idle or not rt.healthy:
+                continue
+            try:
+                bell.arm()
+                fd = bell.fileno()
+            except NETWORK_ERRORS as exc:
+                self._unregister_doorbell(rt)
+                self._queue_down(rt, now, exc)
+                continue
+            if rt.metronome.registered_fd != fd:
+                self._unregister_doorbell(rt)
+                self.selector.register(fd, selectors.EVENT_READ, rt)
+                rt.metronome.registered_fd = fd
+            if bell.buffered():
+                self._on_ring(rt)
+
+    def _unregister_doorbell(self, rt: QueueRuntime) -> None:
+        fd = rt.metronome.registered_fd
+        if fd is not None:
+            try:
+                self.selector.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+            rt.metronome.registered_fd = None
+
+    def _forget_doorbell(self, rt: QueueRuntime) -> None:
+        from supervisor.signals import sever
+
+        sever(getattr(rt.metronome.doorbell.conn, "_sock", None))
+        rt.metronome.doorbell.conn._sock = None
+
+    def _queue_down(self, rt: QueueRuntime, now: float, exc: BaseException) -> None:
+        rt.metronome.doorbell.reset()
+        rt.failures += 1
+        delay = min(5.0, 0.1 * 2 ** min(rt.failures, 6))
+        rt.metronome.retry_later(now, delay)
+        if rt.healthy or rt.failures in (2, 5) or rt.failures % 20 == 0:
+            log.warning("queue %s: Valkey unreachable at %s (%s); retrying in %.1fs",
+                        rt.spec.name, self.where, exc, delay)
+        rt.healthy = False
+
+    def _on_timers(self, now: float) -> None:
+        if self.drain_deadline is not None and now >= self.drain_deadline and self.pids:
+            event(log, "drain-timeout", "drain timeout: killing %d consumer(s), requeueing "
+                  "their jobs", len(self.pids), count=len(self.pids))
+            self._kill_all("requeue")
+            return
+        if self.stopping:
+            return
+        for rt in self.queues.values():
+            for slot in rt.slots:
+                if slot.child is None and slot.respawn_at is not None and now >= slot.respawn_at:
+                    self._spawn(rt, slot)
+            self._pump(rt, now)
+            if rt.scheduler is not None and now >= rt.scheduler.deadline():
+                rt.scheduler.tick(now)
+        if now >= self.next_extend:
+            self._extend_leases()
+            self.next_extend = now + self.settings.lease_ms / 3000
+        if self.settings.max_memory_mb and now >= self.next_recycle:
+            self._recycle_over_memory()
+            self.next_recycle = now + RECYCLE_CHECK_S
+
+    def _pump(self, rt: QueueRuntime, now: float) -> None:
+        if now < rt.metronome.deadline():
+            return
+        try:
+            found = rt.metronome.pump(now, disarmed=not rt.metronome.doorbell.armed)
+        except NETWORK_ERRORS as exc:
+            self._queue_down(rt, now, exc)
+            return
+        if not rt.healthy:
+            rt.healthy = True
+            rt.failures = 0
+            log.info("queue %s: Valkey reachable again", rt.spec.name)
+            self._prepare_queue(rt)
+            found = True  # work may have piled up while we could not see it
+        if found:
+            self._found_work(rt, now)
+
+    def _extend_leases(self) -> None:
+        for rt in self.queues.values():
+            held = [pair for child in rt.children for pair in child.held]
+            if not held:
+                continue
+            try:
+                scripts.extend(self.client, rt.metronome.keys, rt.settings.lease_ms, held)
+            except NETWORK_ERRORS as exc:
+                log.warning("queue %s: lease extension failed: %s", rt.spec.name, exc)
+
+    def _recycle_over_memory(self) -> None:
+        limit = self.settings.max_memory_mb
+        if not limit:
+            return
+        for rt in self.queues.values():
+            for child in rt.children:
+                if not child.stop_sent and over_memory(child.pid, limit):
+                    event(log, "recycle", "queue %s: consumer %d over %d MiB; recycling after "
+                          "its job", rt.spec.name, child.pid, limit, queue=rt.spec.name,
+                          pid=child.pid)
+                    child.respawn_now = True
+                    self._stop_child(child)
+
+    # --- health ---------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """A consistent-enough view for /readyz and /metrics (read from another thread)."""
+        queues = {}
+        for name, rt in self.queues.items():
+            children = rt.children
+            queues[name] = {
+                "healthy": rt.healthy,
+                "children": len(children),
+                "ready_children": sum(1 for c in children if c.state != "starting"),
+                "processes": rt.spec.processes,
+                "busy": sum(1 for c in children if c.state == "busy"),
+                "restarts": rt.restarts,
+                "claim_jobs": rt.claim_jobs,
+                "claim_wait_us": rt.claim_wait_us,
+                "rings": rt.metronome.rings,
+                "promoted": rt.metronome.promoted,
+                "reaped": rt.metronome.reaped,
+                "pids": [c.pid for c in children],
+                "scheduler": rt.scheduler.snapshot() if rt.scheduler is not None else None,
+            }
+        return {"stopping": self.stopping, "last_loop": self.last_loop, "queues": queues}

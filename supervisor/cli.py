@@ -1,0 +1,245 @@
+"""``echomq-supervisor``: start, migrate, drill. Every flag also reads an ``ECHOMQ_*`` variable."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from echomq.errors import ConfigError, EchoMQError, FloorError, FloorSchemaError, HandlerNotFound
+from supervisor import logs
+from supervisor.settings import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_REDIS_URL,
+    DEFAULT_SPILL_HORIZON_S,
+    ENV_VARS,
+    QueueSpec,
+    Settings,
+    env_value,
+    parse_bool,
+)
+
+EXIT_USAGE = 2
+
+
+def _env_help(name: str) -> str:
+    return f"(env {ENV_VARS[name]})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="echomq-supervisor",
+                                     description="Run and operate EchoMQ consumers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    start = sub.add_parser("start", help="run consumers for one or more queues")
+    start.add_argument("--redis-url", help=f"Valkey/Redis URL {_env_help('redis_url')}")
+    start.add_argument("--queue", action="append", help="queue name; repeat for several "
+                       f"{_env_help('queue')}, comma-separated")
+    start.add_argument("--handler", action="append", help="MODULE:CALLABLE, one per queue or "
+                       f"one for all {_env_help('handler')}")
+    start.add_argument("--processes", action="append", type=int,
+                       help=f"consumer processes per queue {_env_help('processes')}")
+    start.add_argument("--floor-url", help=f"SQL floor URL {_env_help('floor_url')}")
+    start.add_argument("--durability", choices=("volatile", "folded", "sync"),
+                       help=f"durability dial {_env_help('durability')}")
+    start.add_argument("--beat-ms", type=int, help=f"beat in ms {_env_help('beat_ms')}")
+    start.add_argument("--lease-ms", type=int, help=f"lease in ms {_env_help('lease_ms')}")
+    start.add_argument("--drain-timeout", type=float,
+                       help=f"seconds to let jobs finish on SIGTERM {_env_help('drain_timeout')}")
+    start.add_argument("--health-port", type=int, help=f"HTTP port {_env_help('health_port')}")
+    start.add_argument("--health-host", help=f"HTTP bind address {_env_help('health_host')}")
+    start.add_argument("--max-memory-mb", type=int,
+                       help=f"recycle a consumer over this RSS {_env_help('max_memory_mb')}")
+    start.add_argument("--max-jobs", type=int,
+                       help=f"recycle a consumer after this many jobs {_env_help('max_jobs')}")
+    start.add_argument("--spill-horizon", type=float,
+                       help="seconds; jobs due later live on the floor only "
+                       f"{_env_help('spill_horizon')}")
+    start.add_argument("--log-json", action="store_true", default=None,
+                       help=f"JSON log lines {_env_help('log_json')}")
+    start.add_argument("--log-level", help=f"log level {_env_help('log_level')}")
+    start.add_argument("--config", help=f"TOML or JSON file with queues {_env_help('config')}")
+
+    migrate = sub.add_parser("migrate", help="upgrade the floor's schema to head")
+    migrate.add_argument("--floor-url", help=f"SQL floor URL {_env_help('floor_url')}")
+    migrate.add_argument("--revision", default="head")
+
+    drill = sub.add_parser("drill", help="run a crash-recovery drill on a private server")
+    drill.add_argument("scenario")
+    drill.add_argument("--jobs", type=int, default=500)
+    drill.add_argument("--processes", type=int, default=4)
+    drill.add_argument("--floor-url")
+    drill.add_argument("--report", choices=("table", "json"), default="table")
+    return parser
+
+
+def _pick(args: argparse.Namespace, name: str) -> Any:
+    value = getattr(args, name, None)
+    return value if value is not None else env_value(name)
+
+
+def _split(value: Any) -> list[str]:
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else [value]
+    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
+
+def _number(name: str, value: Any, kind: type) -> Any:
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} ({ENV_VARS[name]}) must be a number, got {value!r}") from None
+
+
+def _config_file(path: str) -> dict[str, Any]:
+    text = Path(path).read_text()
+    data: dict[str, Any] = tomllib.loads(text) if path.endswith(".toml") else json.loads(text)
+    return data
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Merge flags, environment and an optional config file into validated Settings."""
+    config_path = _pick(args, "config")
+    file_cfg = _config_file(config_path) if config_path else {}
+    names = _split(_pick(args, "queue"))
+    handlers = _split(_pick(args, "handler"))
+    processes = [_number("processes", p, int) for p in _split(_pick(args, "processes"))]
+    durability = _pick(args, "durability")
+    specs: list[QueueSpec] = []
+    for entry in file_cfg.get("queues", []):
+        specs.append(QueueSpec(name=entry["name"], handler=entry["handler"],
+                               processes=int(entry.get("processes", 1)),
+                               durability=entry.get("durability", durability)))
+    for i, name in enumerate(names):
+        if not handlers:
+            raise ConfigError(f"queue {name!r} needs --handler MODULE:CALLABLE "
+                              f"(or {ENV_VARS['handler']})")
+        handler = handlers[i] if i < len(handlers) else handlers[-1]
+        count = processes[i] if i < len(processes) else (processes[-1] if processes else 1)
+        specs.append(QueueSpec(name=name, handler=handler, processes=count,
+                               durability=durability))
+    if not specs:
+        raise ConfigError(f"no queue given: use --queue NAME --handler MODULE:CALLABLE "
+                          f"(or {ENV_VARS['queue']} / {ENV_VARS['handler']}, or --config)")
+    from echomq.keys import validate_name
+
+    for spec in specs:
+        validate_name(spec.name)
+    log_json = _pick(args, "log_json")
+    health_port = _number("health_port", _pick(args, "health_port"), int)
+    return Settings(
+        redis_url=_pick(args, "redis_url") or file_cfg.get("redis_url") or DEFAULT_REDIS_URL,
+        queues=tuple(specs),
+        floor_url=_pick(args, "floor_url") or file_cfg.get("floor_url"),
+        beat_ms=_number("beat_ms", _pick(args, "beat_ms"), int) or 1000,
+        lease_ms=_number("lease_ms", _pick(args, "lease_ms"), int) or 30000,
+        drain_timeout=_number("drain_timeout", _pick(args, "drain_timeout"), float)
+        if _pick(args, "drain_timeout") is not None else DEFAULT_DRAIN_TIMEOUT_S,
+        health_port=health_port,
+        health_host=_pick(args, "health_host") or "0.0.0.0",
+        max_memory_mb=_number("max_memory_mb", _pick(args, "max_memory_mb"), int),
+        max_jobs=_number("max_jobs", _pick(args, "max_jobs"), int),
+        spill_horizon=_number("spill_horizon", _pick(args, "spill_horizon"), float)
+        or DEFAULT_SPILL_HORIZON_S,
+        log_json=log_json if isinstance(log_json, bool) else parse_bool(log_json or "0"),
+        log_level=_pick(args, "log_level") or "INFO",
+    )
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    from supervisor.arbiter import Arbiter
+    from supervisor.health import Health
+
+    settings = settings_from_args(args)
+    logs.setup(settings.log_json, settings.log_level)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # handlers are usually modules of the working directory
+    floor = _open_floor(settings.floor_url) if settings.floor_url else None
+    factory = None
+    if floor is not None:
+        from supervisor.scheduler import make_factory
+
+        factory = make_factory(settings, floor)
+    arbiter = Arbiter(settings, floor=floor, scheduler_factory=factory)
+    health = None
+    if settings.health_port is not None:
+        health = Health(settings.health_host, settings.health_port, settings.redis_url,
+                        arbiter.snapshot, live_after_s=max(10.0, 3 * settings.beat_ms / 1000))
+        health.start()
+        arbiter.forget_in_child.append(health.forget_in_child)
+    try:
+        return arbiter.run()
+    finally:
+        if health is not None:
+            health.stop()
+
+
+def _open_floor(url: str) -> Any:
+    from echomq.floor import Floor
+
+    floor = Floor.from_url(url)
+    try:
+        floor.check_at_head()
+    except FloorSchemaError:
+        raise
+    except FloorError as exc:
+        # the queue runs on Valkey alone until the floor answers; the scheduler catches up
+        import logging
+
+        logging.getLogger("echomq.supervisor").warning(
+            "floor %s unreachable at start (%s); continuing on Valkey alone",
+            floor.url_redacted, exc)
+    return floor
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from echomq.floor import Floor
+
+    url = _pick(args, "floor_url")
+    if not url:
+        raise ConfigError(f"migrate needs --floor-url (or {ENV_VARS['floor_url']})")
+    floor = Floor.from_url(url)
+    try:
+        floor.upgrade(args.revision)
+        print(f"floor {floor.url_redacted} at revision {floor.current_revision()}")
+    finally:
+        floor.dispose()
+    return 0
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from supervisor.drill import main as drill_main
+
+    return drill_main(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "start":
+            return cmd_start(args)
+        if args.command == "migrate":
+            return cmd_migrate(args)
+        return cmd_drill(args)
+    except HandlerNotFound as exc:
+        print(f"echomq-supervisor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ConfigError, FloorSchemaError) as exc:
+        print(f"echomq-supervisor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except EchoMQError as exc:
+        print(f"echomq-supervisor: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""One metronome per queue: the only blocking call for that queue, plus reap and promote.
+
+The BLPOP on the wake key stays outstanding while the supervisor does other
+work; its socket sits in the supervisor's selector. Local timers decide when
+reap and promote are worth a round trip: promote when the schedule head is
+due (the server's BLPOP timeout fires only on its ``hz`` tick, so the timer
+is what makes a delayed job start on time), reap when the lease head can
+have expired. An idle queue with nothing scheduled and nothing leased costs
+one BLPOP per beat, plus a safety promote every few beats for schedule heads
+that another replica's metronome was told about.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from echomq import scripts
+from echomq.config import QueueSettings
+from echomq.keys import Keys
+from echomq.wake import Doorbell
+
+SAFETY_BEATS = 10  # promote at least this often (in beats) while idle
+
+
+class Metronome:
+    """The beat of one queue: rings, promote and reap, with their next deadlines."""
+
+    def __init__(self, queue: str, client: redis.Redis, settings: QueueSettings) -> None:
+        self.queue = queue
+        self.keys = Keys(queue)
+        self.client = client
+        self.settings = settings
+        self.beat_s = settings.beat_ms / 1000
+        self.lease_s = settings.lease_ms / 1000
+        self.doorbell = Doorbell(client, self.keys.wake, self.beat_s)
+        self.next_promote = 0.0  # monotonic deadlines: 0 = now
+        self.next_reap = 0.0
+        self.registered_fd: int | None = None
+        self.rings = 0
+        self.promoted = 0
+        self.reaped = 0
+
+    def deadline(self) -> float:
+        return min(self.next_promote, self.next_reap)
+
+    def collect_ring(self) -> bool:
+        """Read the BLPOP reply: True when a token (new work or a new schedule head) came."""
+        rung = self.doorbell.collect()
+        if rung:
+            self.rings += 1
+            self.next_promote = 0.0  # the ring may announce a new schedule head
+        else:
+            # a beat passed without a ring: the fallback pump runs on this beat
+            self.next_promote = min(self.next_promote, time.monotonic())
+        return rung
+
+    def pump(self, now: float, disarmed: bool) -> bool:
+        """Run promote and reap if their deadlines passed; True when jobs became claimable."""
+        found = False
+        if now >= self.next_promote:
+            found |= self._promote(now, disarmed)
+        if now >= self.next_reap:
+            found |= self._reap(now)
+        return found
+
+    def saw_work(self, now: float) -> None:
+        """Consumers will claim now: leases taken can expire one lease period from now."""
+        self.next_reap = min(self.next_reap, now + self.lease_s)
+
+    def _promote(self, now: float, disarmed: bool) -> bool:
+        batch = self.settings.pump_batch
+        total = 0
+        while True:
+            promoted, next_due, server_now = scripts.promote(self.client, self.keys, batch)
+            total += promoted
+            if promoted < batch:
+                break
+        self.promoted += total
+        limit = self.beat_s if disarmed else self.beat_s * SAFETY_BEATS
+        wait = limit if next_due < 0 else min(limit, (next_due - server_now) / 1000)
+        self.next_promote = now + max(0.0, wait)
+        return total > 0
+
+    def _reap(self, now: float) -> bool:
+        requeued, buried, next_expiry, server_now = scripts.reap(self.client, self.keys)
+        self.reaped += requeued + buried
+        if next_expiry < 0:
+            self.next_reap = now + self.lease_s
+        else:
+            self.next_reap = now + max(0.0, min(self.lease_s, (next_expiry - server_now) / 1000))
+        return requeued > 0
+
+    def retry_later(self, now: float, delay: float) -> None:
+        self.next_promote = self.next_reap = now + delay

@@ -1,0 +1,145 @@
+"""The forked child's loop: wait on the pipe, claim while claims return work, report idle.
+
+A child never blocks on Valkey and never sleeps: between drains it is
+blocked in ``recv`` on its socketpair until the parent pokes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, NoReturn
+
+import redis.exceptions
+
+from echomq import scripts
+from echomq.config import QueueSettings
+from echomq.connection import client_from_url
+from echomq.keys import Keys
+from echomq.lanes import Lanes, Outcome
+from echomq.runner import Runner
+from supervisor import protocol
+
+log = logging.getLogger("echomq.worker")
+NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+class Worker:
+    """One child process serving one queue."""
+
+    def __init__(self, sock: socket.socket, queue: str, redis_url: str,
+                 settings: QueueSettings, handler: Callable[..., Any],
+                 max_jobs: int | None) -> None:
+        self.sock = sock
+        self.queue = queue
+        self.settings = settings
+        self.max_jobs = max_jobs
+        self.client = client_from_url(redis_url)
+        self.lanes = Lanes(self.client, Keys(queue), settings)
+        self.runner = Runner(queue, handler, settings)
+        self.stopping = False
+        self.jobs_run = 0
+        self.report_jobs = 0
+        self.report_wait_us = 0
+        self.pending: list[Outcome] = []
+
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True  # recorded only; the loop checks it between jobs
+
+    def serve(self) -> int:
+        """Run until told to stop; returns the exit code."""
+        signal.signal(signal.SIGTERM, self._on_term)
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # the parent decides what these mean
+        for sig in (signal.SIGCHLD, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)
+        scripts.load_all(self.client)
+        self._send(protocol.READY.encode() + b"\n")
+        while True:
+            try:
+                data = self.sock.recv(64)
+            except InterruptedError:
+                data = b"P"
+            if not data or protocol.STOP in data or self.stopping:
+                return protocol.EXIT_OK
+            if protocol.POKE in data:
+                self._drain_safely()
+                self._send(protocol.idle_line(self.report_jobs, self.report_wait_us))
+                self.report_jobs = self.report_wait_us = 0
+            if self.stopping:
+                return protocol.EXIT_OK
+            if self.max_jobs is not None and self.jobs_run >= self.max_jobs:
+                return protocol.EXIT_RECYCLE
+
+    def _drain_safely(self) -> None:
+        try:
+            self._drain()
+        except NETWORK_ERRORS as exc:
+            # the metronome reconnects and pokes again once the server answers
+            log.warning("queue %s: server unreachable while draining: %s", self.queue, exc)
+
+    def _drain(self) -> None:
+        if self.pending:
+            self.lanes.settle(self.pending)
+            self.pending = []
+        batch = self.lanes.claim(1)
+        while batch:
+            claimed_at = time.perf_counter()
+            self._send(protocol.hold_line([(c.id, c.token) for c in batch]))
+            outcomes: list[Outcome] = []
+            for i, claimed in enumerate(batch):
+                if self.stopping or self._recycle_due():
+                    self.lanes.release([(c.id, c.token) for c in batch[i:]], "unstarted")
+                    break
+                self.report_wait_us += int((time.perf_counter() - claimed_at) * 1e6)
+                outcomes.append(self.runner.run(claimed))
+                self.jobs_run += 1
+                self.report_jobs += 1
+            if self.stopping or self._recycle_due():
+                self._settle(outcomes)
+                return
+            try:
+                _, batch = self.lanes.settle_and_claim(outcomes, self._batch_size())
+            except NETWORK_ERRORS:
+                self.pending = outcomes
+                raise
+
+    def _settle(self, outcomes: Sequence[Outcome]) -> None:
+        try:
+            self.lanes.settle(outcomes)
+        except NETWORK_ERRORS:
+            self.pending = list(outcomes)
+            raise
+
+    def _batch_size(self) -> int:
+        size = self.runner.batch_size()
+        if self.max_jobs is not None:
+            size = max(1, min(size, self.max_jobs - self.jobs_run))
+        return size
+
+    def _recycle_due(self) -> bool:
+        return self.max_jobs is not None and self.jobs_run >= self.max_jobs
+
+    def _send(self, line: bytes) -> None:
+        self.sock.sendall(line)
+
+
+def run_child(sock: socket.socket, queue: str, redis_url: str, settings: QueueSettings,
+              handler: Callable[..., Any], max_jobs: int | None) -> NoReturn:
+    """Entry point right after fork: serve, then leave without running the parent's atexit."""
+    code = protocol.EXIT_OK
+    random.seed()
+    try:
+        code = Worker(sock, queue, redis_url, settings, handler, max_jobs).serve()
+    except BaseException:  # the child must never return into the parent's code
+        log.exception("queue %s: consumer process failed", queue)
+        code = 1
+    finally:
+        logging.shutdown()
+    os._exit(code)
