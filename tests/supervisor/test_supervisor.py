@@ -1,0 +1,216 @@
+"""The supervisor as users run it: a subprocess, real forked consumers, real signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+
+import psutil
+import redis
+
+import echomq
+from supervisor.localredis import LocalRedis, free_port
+
+from .conftest import CLI, ROOT, Supervisor, wait_until
+
+Start = Callable[..., Supervisor]
+
+
+def _ran(r: redis.Redis, queue: str) -> Counter[str]:
+    return Counter(x.decode() for x in r.lrange(f"ledger:{queue}:done", 0, -1))
+
+
+def _children(sup: Supervisor) -> list[int]:
+    return [c.pid for c in psutil.Process(sup.proc.pid).children()]
+
+
+def test_5000_jobs_across_50_lanes_complete_exactly_once(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = q.add_many([("x", {}, {"lane": f"lane-{i % 50}"}) for i in range(5000)])
+    supervisor(redis_url, queue_name, "--processes", "4").started(4)
+    wait_until(lambda: q.counts()["completed"] == 5000, 60, "5000 completions")
+    ran = _ran(r, queue_name)
+    assert set(ran) == set(ids) and set(ran.values()) == {1}
+    assert q.counts() == {"waiting": 0, "scheduled": 0, "active": 0, "completed": 5000,
+                          "dead": 0}
+
+
+def test_sigkill_a_child_mid_job_requeues_and_respawns(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    sup = supervisor(redis_url, queue_name, "--processes", "2").started(2)
+    job_id = q.add("x", {"sleep": 2})
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 1, 10, "the job to start")
+    _, pid, _ = r.lindex(f"ledger:{queue_name}:started", 0).decode().split(":")
+    before = set(_children(sup))
+    psutil.Process(int(pid)).kill()
+    sup.wait_for_log(rf"consumer {pid} killed by SIGKILL, released 1 job")
+    wait_until(lambda: _ran(r, queue_name)[job_id] == 1, 15, "the requeued job to complete")
+    job = q.get(job_id)
+    assert job is not None and job.state == "completed" and job.stalls == 1
+    assert job.attempts == 2
+    wait_until(lambda: len(_children(sup)) == 2, 10, "a respawned consumer")
+    assert int(pid) not in _children(sup) and set(_children(sup)) != before
+
+
+def test_a_job_that_kills_its_process_backs_off_then_goes_dead(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = [q.add("x", {"exit": 1}) for _ in range(2)]
+    sup = supervisor(redis_url, queue_name, "--processes", "1")
+    wait_until(lambda: q.counts()["dead"] == 2, 20, "both jobs dead after max_stalls")
+    delays = [float(x) for x in
+              (line.split("respawn in ")[1].rstrip("s") for line in
+               sup.wait_for_log(r"respawn in", 3))]
+    assert delays[:3] == [0.25, 0.5, 1.0]  # doubling, not a spin
+    for job_id in ids:
+        job = q.dead()
+        assert job_id in [j.id for j in job]
+    assert "stalled 2 times" in (q.dead()[0].error or "")
+    # 1 + 4 respawns, not hundreds
+    assert len(sup.wait_for_log(r"consumer \d+ started", 5, timeout=10)) == 5
+    # a healthy job afterwards runs: the slot recovered
+    ok = q.add("x", {})
+    wait_until(lambda: _ran(r, queue_name)[ok] == 1, 15, "a healthy job after the crashes")
+
+
+def test_sigterm_lets_running_jobs_finish_and_exits_zero(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    sup = supervisor(redis_url, queue_name, "--processes", "2").started(2)
+    ids = q.add_many([("x", {"sleep": 1}) for _ in range(6)])
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 2, 10, "two running jobs")
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(20) == 0
+    counts = q.counts()
+    assert counts["active"] == 0 and counts["completed"] == 2
+    assert counts["waiting"] == 4  # not started: still queued, nothing lost
+    assert sum(_ran(r, queue_name).values()) == 2
+    assert {j.state for j in map(q.get, ids)} == {"completed", "waiting"}
+
+
+def test_drain_timeout_kills_and_requeues(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    sup = supervisor(redis_url, queue_name, "--processes", "1",
+                     "--drain-timeout", "0.5").started(1)
+    job_id = q.add("x", {"sleep": 30})
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 1, 10, "the long job")
+    t0 = time.monotonic()
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(10) == 0
+    assert time.monotonic() - t0 < 5
+    job = q.get(job_id)
+    assert job is not None and job.state == "waiting" and job.stalls == 0
+
+
+def test_a_job_longer_than_its_lease_is_not_reaped(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    supervisor(redis_url, queue_name, "--processes", "2", "--lease-ms", "400",
+               "--beat-ms", "100").started(2)
+    job_id = q.add("x", {"sleep": 2})
+    wait_until(lambda: _ran(r, queue_name)[job_id] == 1, 15, "the long job")
+    assert r.llen(f"ledger:{queue_name}:started") == 1  # never reaped, never run twice
+    job = q.get(job_id)
+    assert job is not None and job.stalls == 0 and job.attempts == 1
+
+
+def test_idle_supervisor_stays_within_the_beat_budget(supervisor: Start, queue_name: str,
+                                                      private_redis: LocalRedis) -> None:
+    url = private_redis.url
+    r = redis.Redis.from_url(url)
+    supervisor(url, queue_name, "--processes", "8", "--beat-ms", "1000").started(8)
+    wait_until(lambda: int(r.info("clients")["blocked_clients"]) == 1, 10, "the metronome")
+    r.config_resetstat()
+    t0 = time.monotonic()
+    threading_event_wait(5.0)
+    stats = r.info("commandstats")
+    elapsed = time.monotonic() - t0
+    calls = {k: v["calls"] for k, v in stats.items()}
+    calls.pop("cmdstat_config", None)
+    calls.pop("cmdstat_info", None)
+    beats = elapsed + 1
+    # per beat at most one BLPOP, one reap and one promote (each with the commands it runs)
+    budget = beats * (1 + 4 + 3)
+    assert sum(calls.values()) <= budget, calls
+    assert calls.get("cmdstat_blpop", 0) <= beats, calls
+    r.close()
+
+
+def threading_event_wait(seconds: float) -> None:
+    """Let wall-clock time pass while the system under test is idle: that is the measurement."""
+    import threading
+
+    threading.Event().wait(seconds)
+
+
+def test_pickup_latency_on_an_idle_queue(supervisor: Start, redis_url: str, queue_name: str,
+                                         r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    supervisor(redis_url, queue_name, "--processes", "2").started(2)
+    wait_until(lambda: q.counts()["waiting"] == 0, 5, "startup")
+    stamps = f"ledger:{queue_name}:stamps"
+    latencies = []
+    for _ in range(20):
+        t0 = time.time()
+        q.add("x", {"stamp": True})
+        _, started = r.blpop([stamps], 5)
+        latencies.append(float(started) - t0)
+    assert statistics.median(latencies) < 0.020, latencies
+
+
+def test_readyz_turns_unready_when_valkey_stops(supervisor: Start, queue_name: str,
+                                                private_redis: LocalRedis) -> None:
+    port = free_port()
+    supervisor(private_redis.url, queue_name, "--processes", "1", "--health-port", str(port),
+               "--beat-ms", "200").started(1)
+    base = f"http://127.0.0.1:{port}"
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(base + path, timeout=5) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError:
+            return 0
+
+    wait_until(lambda: status("/readyz") == 200, 10, "ready")
+    assert status("/livez") == 200
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    assert f'echomq_queue_jobs{{queue="{queue_name}",state="waiting"}} 0.0' in text
+    private_redis.pause()
+    try:
+        wait_until(lambda: status("/readyz") == 503, 10, "unready while Valkey is stopped")
+        assert status("/livez") == 200  # the loop itself is alive
+    finally:
+        private_redis.resume()
+    wait_until(lambda: status("/readyz") == 200, 15, "ready again")
+    with urllib.request.urlopen(base + "/readyz", timeout=5) as resp:
+        assert json.loads(resp.read())["valkey"] == "ok"
+
+
+def test_start_fails_at_once_when_the_handler_cannot_be_imported(redis_url: str) -> None:
+    import subprocess
+
+    for spec, needle in (("no_such_module_xyz:handle", "no_such_module_xyz"),
+                         ("sup_jobs:missing", "no attribute 'missing'")):
+        t0 = time.monotonic()
+        done = subprocess.run([*CLI, "start", "--redis-url", redis_url, "--queue", "q",
+                               "--handler", spec], cwd=ROOT, capture_output=True, text=True,
+                              timeout=30, env={"PYTHONPATH": f"{ROOT}/tests/supervisor:{ROOT}",
+                                               "PATH": "/usr/bin:/bin"})
+        assert done.returncode != 0
+        assert needle in done.stderr
+        assert time.monotonic() - t0 < 10
+    assert sys.executable
