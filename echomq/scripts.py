@@ -63,7 +63,11 @@ REAP = LuaScript("reap", 7)
 PROMOTE = LuaScript("promote", 3)
 COUNTS = LuaScript("counts", 6)
 RETRY_DEAD = LuaScript("retry_dead", 3)
-ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD)
+LEAD = LuaScript("lead", 5)
+SPILL = LuaScript("spill", 2)
+RESTORE = LuaScript("restore", 3)
+ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
+       RESTORE)
 
 
 def load_all(client: redis.Redis) -> None:

@@ -83,6 +83,10 @@ class Settings:
                 raise ConfigError(
                     f"queue {spec.name!r}: durability must be one of {', '.join(DURABILITIES)}"
                 )
+            if spec.durability in ("folded", "sync") and not self.floor_url:
+                raise ConfigError(
+                    f"queue {spec.name!r}: durability {spec.durability!r} needs --floor-url"
+                )
 
     def durability_of(self, spec: QueueSpec) -> str:
         """The effective durability dial of one queue."""

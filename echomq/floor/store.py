@@ -112,7 +112,7 @@ class Floor:
 
     # -- writes ---------------------------------------------------------------
 
-    def upsert(self, queue: str, rows: Sequence[FloorRow], fence: int) -> int:
+    def upsert(self, queue: str, rows: Sequence[FloorRow], fence: int | None) -> int:
         """Insert rows or update their due time, spilled flag and fields. Returns rows written."""
         if not rows:
             return 0
@@ -242,10 +242,11 @@ class Floor:
             raise FloorError(f"floor {action} failed on {self.url_redacted}: {message}") from exc
 
     @contextmanager
-    def _write(self, action: str, queue: str, fence: int) -> Iterator[Connection]:
+    def _write(self, action: str, queue: str, fence: int | None) -> Iterator[Connection]:
         """A write transaction (BEGIN IMMEDIATE on SQLite) that has passed the fence check."""
         with self._guard(action), self._writer.begin() as conn:
-            self._check_fence(conn, queue, fence)
+            if fence is not None:  # None: a producer's own write (sync dial), not a leader's
+                self._check_fence(conn, queue, fence)
             yield conn
 
     def _check_fence(self, conn: Connection, queue: str, fence: int) -> None:

@@ -1,0 +1,40 @@
+--[[
+  lead: take or renew the scheduler's leader lease and report what needs doing.
+
+  One scheduler per queue across all replicas holds the lease. Its fencing
+  token is the server time (ms) when it took the lease, so a later leader
+  always has a larger token, even after Valkey lost its data. The floor
+  refuses writes with a token smaller than one it has seen.
+
+  Input:
+    KEYS[1] leader    string "<replica>|<fence>", with a TTL
+    KEYS[2] fold      list of ids to write to the floor
+    KEYS[3] closed    list of ids whose floor rows to close
+    KEYS[4] epoch     set by the scheduler; gone means Valkey lost its data
+    KEYS[5] schedule  zset of deferred job ids by due time (ms)
+    ARGV[1] replica id
+    ARGV[2] lease ttl in ms
+    ARGV[3] spill threshold offset in ms (jobs due after now + this are spill candidates)
+
+  Output:
+    { fence or -1 when another replica leads, fold length, closed length,
+      epoch or "", spill candidates, server now in ms }
+]]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local me = ARGV[1]
+local held = redis.call('GET', KEYS[1])
+local fence = -1
+if held then
+  local sep = string.find(held, '|', 1, true)
+  if string.sub(held, 1, sep - 1) == me then
+    fence = tonumber(string.sub(held, sep + 1))
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+else
+  fence = now
+  redis.call('SET', KEYS[1], me .. '|' .. fence, 'PX', ARGV[2])
+end
+local epoch = redis.call('GET', KEYS[4]) or ''
+local spill = redis.call('ZCOUNT', KEYS[5], '(' .. (now + tonumber(ARGV[3])), '+inf')
+return { fence, redis.call('LLEN', KEYS[2]), redis.call('LLEN', KEYS[3]), epoch, spill, now }

@@ -1,0 +1,57 @@
+--[[
+  restore: bring jobs from the floor back into the schedule set.
+
+  Used for spilled jobs coming within the horizon and for rehydration after
+  Valkey lost its data. Idempotent: a job whose hash exists is left alone
+  (it is already in Valkey), and the schedule entry is added with NX. A
+  restored job is "scheduled" at the given score; due ones are promoted by
+  the next beat. Rings the doorbell when a restored job became the head.
+  Job hashes are built inside.
+
+  Input:
+    KEYS[1] schedule  KEYS[2] wake  KEYS[3] meta
+    ARGV[1] key prefix "emq:{q}:"
+    ARGV[2] "spilled" to decrement the spilled count per restored job, else "all"
+    ARGV[3..] per job: id, score (ms), field count n, then n field/value pairs
+
+  Output:
+    an array with one integer per job: 1 restored, 0 already in Valkey
+]]
+local prefix = ARGV[1]
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local head_due = head[2] and tonumber(head[2]) or nil
+local new_head = false
+local restored = 0
+local out = {}
+local i = 3
+while i <= #ARGV do
+  local id = ARGV[i]
+  local score = tonumber(ARGV[i + 1])
+  local n = tonumber(ARGV[i + 2])
+  local jk = prefix .. 'job:' .. id
+  if redis.call('EXISTS', jk) == 0 then
+    for f = 0, n - 1 do
+      redis.call('HSET', jk, ARGV[i + 3 + f * 2], ARGV[i + 4 + f * 2])
+    end
+    redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', score, 'deferred', 1)
+    redis.call('HDEL', jk, 'token')
+    redis.call('ZADD', KEYS[1], 'NX', score, id)
+    if head_due == nil or score < head_due then
+      head_due = score
+      new_head = true
+    end
+    restored = restored + 1
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+  i = i + 3 + n * 2
+end
+if ARGV[2] == 'spilled' and restored > 0 then
+  redis.call('HINCRBY', KEYS[3], 'spilled', -restored)
+end
+if new_head then
+  redis.call('LPUSH', KEYS[2], '1')
+  redis.call('LTRIM', KEYS[2], 0, 63)
+end
+return out

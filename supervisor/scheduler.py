@@ -1,0 +1,269 @@
+"""The scheduler: folds deferred and retried jobs onto the SQL floor, spills far-future
+jobs out of Valkey, restores them as they come within the horizon, and rehydrates
+the schedule set when Valkey has lost its data.
+
+One scheduler per queue is active across all replicas (a leader lease in Valkey
+whose fencing token the floor checks). Every step is idempotent: a job id is a
+primary key on the floor and ``ZADD NX`` / "hash exists" in Valkey. When the
+floor is down the queue keeps running on Valkey alone; the fold log simply
+grows until the floor answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+import redis.exceptions
+
+from echomq import scripts
+from echomq.errors import FloorError, StaleFence
+from echomq.floor import Floor, FloorRow
+from echomq.keys import Keys
+from supervisor.logs import event
+
+log = logging.getLogger("echomq.scheduler")
+BATCH = 1000
+NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+FLOOR_BACKOFF_MAX_S = 30.0
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Scheduler:
+    """The floor side of one queue, driven by the arbiter's loop (``tick`` when ``deadline``)."""
+
+    def __init__(self, queue: str, client: redis.Redis, floor: Floor, *, beat_ms: int,
+                 horizon_s: float, clock_offset_ms: int = 0) -> None:
+        self.queue = queue
+        self.keys = Keys(queue)
+        self.client = client
+        self.floor = floor
+        self.beat_s = beat_ms / 1000
+        self.horizon_ms = int(horizon_s * 1000)
+        self.clock_offset_ms = clock_offset_ms  # tests and drills move the scheduler's clock
+        self.replica = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease_ms = max(3000, int(beat_ms * 5))
+        self.fence: int | None = None
+        self.next_tick = 0.0
+        self.next_restore = 0.0
+        self.restore_every_s = max(self.beat_s, min(10 * self.beat_s, horizon_s / 4))
+        self.floor_ok = True
+        self.floor_error = ""
+        self.floor_failures = 0
+        self.folded = self.closed = self.spilled = self.restored = self.rehydrated = 0
+        self.backlog = 0
+
+    # --- the arbiter's interface ---------------------------------------------------
+
+    def deadline(self) -> float:
+        return self.next_tick
+
+    def tick(self, now: float) -> None:
+        """One beat of floor work; never raises for an unreachable Valkey or floor."""
+        self.next_tick = now + self.beat_s
+        try:
+            self._tick(now)
+        except NETWORK_ERRORS as exc:
+            log.debug("queue %s: scheduler skipped a beat: %s", self.queue, exc)
+        except StaleFence:
+            event(log, "scheduler-deposed", "queue %s: a newer scheduler leads; standing down",
+                  self.queue, queue=self.queue)
+            self.fence = None
+        except FloorError as exc:
+            self._floor_down(now, exc)
+            return
+        if not self.floor_ok:
+            self.floor_ok = True
+            self.floor_failures = 0
+            event(log, "floor-up", "queue %s: floor reachable again; caught up", self.queue,
+                  queue=self.queue)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "floor": "ok" if self.floor_ok else f"down: {self.floor_error}",
+            "leader": self.fence is not None, "folded": self.folded, "closed": self.closed,
+            "spilled": self.spilled, "restored": self.restored, "backlog": self.backlog,
+            "rehydrated": self.rehydrated,
+        }
+
+    def close(self) -> None:
+        if self.fence is not None:
+            try:  # hand leadership on at once instead of after the lease runs out
+                held = self.client.get(self.keys.leader)
+                if held and _text(held).startswith(self.replica + "|"):
+                    self.client.delete(self.keys.leader)
+            except NETWORK_ERRORS:
+                pass
+
+    # --- the beat -------------------------------------------------------------------
+
+    def _tick(self, now: float) -> None:
+        fence, fold_len, closed_len, epoch, spill_candidates, server_now = scripts.LEAD(
+            self.client,
+            [self.keys.leader, self.keys.fold, self.keys.closed, self.keys.epoch,
+             self.keys.schedule],
+            [self.replica, self.lease_ms, self.horizon_ms + self.clock_offset_ms])
+        fence = int(fence)
+        self.backlog = int(fold_len)
+        if fence < 0:
+            self.fence = None
+            return
+        if self.fence != fence:
+            event(log, "scheduler-lead", "queue %s: this replica now runs the scheduler",
+                  self.queue, queue=self.queue)
+        self.fence = fence
+        if not _text(epoch):
+            self._rehydrate(int(server_now))
+        if int(fold_len):
+            self._fold()
+        if int(closed_len):
+            self._close()
+        if int(spill_candidates):
+            self._spill(int(server_now))
+        if now >= self.next_restore:
+            self._restore_due(int(server_now))
+            self.next_restore = now + self.restore_every_s
+
+    def _floor_down(self, now: float, exc: Exception) -> None:
+        self.floor_failures += 1
+        delay = min(FLOOR_BACKOFF_MAX_S, self.beat_s * 2 ** min(self.floor_failures, 8))
+        self.next_tick = now + delay
+        if self.floor_ok or self.floor_failures % 10 == 0:
+            event(log, "floor-down", "queue %s: floor unavailable (%s); jobs stay in Valkey, "
+                  "retrying in %.1fs", self.queue, exc, delay, level=logging.WARNING,
+                  queue=self.queue, delay_s=delay)
+        self.floor_ok = False
+        self.floor_error = str(exc)[:200]
+
+    def _hashes(self, ids: Sequence[str]) -> list[dict[str, str]]:
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(self.keys.job(job_id))
+        return [{_text(k): _text(v) for k, v in h.items()} for h in pipe.execute()]
+
+    def _fold(self) -> None:
+        """Write every job that entered the schedule set since the last fold onto the floor."""
+        while True:
+            raw = self.client.lrange(self.keys.fold, 0, BATCH - 1)
+            if not raw:
+                return
+            ids = [_text(x) for x in raw]
+            rows = [
+                FloorRow(job_id=job_id, due_ms=int(h.get("due_ms") or 0), fields=h)
+                for job_id, h in zip(ids, self._hashes(ids), strict=True)
+                if h and h.get("state") in ("scheduled", "waiting", "active")
+            ]
+            self.floor.upsert(self.queue, rows, self.fence)
+            self.client.ltrim(self.keys.fold, len(ids), -1)
+            self.folded += len(rows)
+            if len(ids) < BATCH:
+                return
+
+    def _close(self) -> None:
+        """Drop the floor rows of jobs that completed or died."""
+        while True:
+            raw = self.client.lrange(self.keys.closed, 0, BATCH - 1)
+            if not raw:
+                return
+            assert self.fence is not None
+            self.closed += self.floor.close_jobs(self.queue, [_text(x) for x in raw], self.fence)
+            self.client.ltrim(self.keys.closed, len(raw), -1)
+            if len(raw) < BATCH:
+                return
+
+    def _spill(self, server_now: int) -> None:
+        """Move jobs due beyond the horizon out of Valkey memory, floor first."""
+        floor_of = server_now + self.clock_offset_ms + self.horizon_ms
+        while True:
+            ids = [_text(x) for x in self.client.zrangebyscore(
+                self.keys.schedule, f"({floor_of}", "+inf", start=0, num=BATCH)]
+            if not ids:
+                return
+            rows = [FloorRow(job_id=i, due_ms=int(h.get("due_ms") or 0), fields=h, spilled=True)
+                    for i, h in zip(ids, self._hashes(ids), strict=True)
+                    if h.get("state") == "scheduled"]
+            assert self.fence is not None
+            self.floor.upsert(self.queue, rows, self.fence)
+            args: list[Any] = [self.keys.prefix]
+            for row in rows:
+                args += [row.job_id, row.due_ms]
+            flags = scripts.SPILL(self.client, [self.keys.schedule, self.keys.meta], args)
+            kept = [row.job_id for row, flag in zip(rows, flags, strict=True) if not flag]
+            if kept:  # changed meanwhile: they stay in Valkey, so not spilled on the floor
+                self.floor.upsert(self.queue, [FloorRow(r.job_id, r.due_ms, r.fields)
+                                               for r in rows if r.job_id in set(kept)],
+                                  self.fence)
+            self.spilled += len(rows) - len(kept)
+            if len(ids) < BATCH or len(kept) == len(ids):
+                return
+
+    def _restore_due(self, server_now: int) -> None:
+        """Bring spilled jobs back into the schedule set as they come within the horizon."""
+        until = server_now + self.clock_offset_ms + self.horizon_ms
+        assert self.fence is not None
+        while True:
+            count = self.floor.restore_due(self.queue, until, BATCH, self.fence,
+                                           self._apply("spilled"))
+            self.restored += count
+            if count < BATCH:
+                return
+
+    def _rehydrate(self, server_now: int) -> None:
+        """Valkey lost its data (or this queue is new): restore every open floor row."""
+        restored = 0
+        after: str | None = None
+        apply = self._apply("all")
+        until = server_now + self.clock_offset_ms + self.horizon_ms
+        while True:
+            rows = self.floor.open_rows(self.queue, after, BATCH)
+            if not rows:
+                break
+            due_soon = [r for r in rows if not r.spilled or r.due_ms < until]
+            apply(due_soon)
+            back = [FloorRow(r.job_id, r.due_ms, r.fields) for r in due_soon if r.spilled]
+            if back:  # in Valkey again: no longer spilled
+                assert self.fence is not None
+                self.floor.upsert(self.queue, back, self.fence)
+            restored += len(due_soon)
+            after = rows[-1].job_id
+        spilled = self.floor.count(self.queue, spilled=True)
+        self.client.hset(self.keys.meta, "spilled", spilled)
+        self.client.hset(self.keys.meta, "fold", "1")
+        self.client.set(self.keys.epoch, uuid.uuid4().hex, nx=True)
+        self.rehydrated += restored
+        event(log, "rehydrate", "queue %s: epoch missing; restored %d job(s) from the floor "
+              "(%d stay spilled)", self.queue, restored, spilled, queue=self.queue,
+              count=restored)
+
+    def _apply(self, mode: str) -> Callable[[list[FloorRow]], None]:
+        def apply(rows: list[FloorRow]) -> None:
+            for start in range(0, len(rows), 200):
+                args: list[Any] = [self.keys.prefix, mode]
+                for row in rows[start:start + 200]:
+                    fields = {k: v for k, v in row.fields.items() if k != "token"}
+                    args += [row.job_id, row.due_ms - self.clock_offset_ms, len(fields)]
+                    for k, v in fields.items():
+                        args += [k, v]
+                scripts.RESTORE(self.client, [self.keys.schedule, self.keys.wake,
+                                              self.keys.meta], args)
+        return apply
+
+
+def make_factory(settings: Any, floor: Floor) -> Callable[[Any], Scheduler]:
+    """A factory the arbiter calls once per queue (for queues whose dial is not volatile)."""
+    offset = int(os.environ.get("ECHOMQ_CLOCK_OFFSET_MS", "0") or 0)
+
+    def factory(rt: Any) -> Scheduler | None:
+        if settings.durability_of(rt.spec) == "volatile":
+            return None
+        return Scheduler(rt.spec.name, rt.metronome.client, floor, beat_ms=settings.beat_ms,
+                         horizon_s=settings.spill_horizon, clock_offset_ms=offset)
+
+    return factory  # type: ignore[return-value]
