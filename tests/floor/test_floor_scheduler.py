@@ -1,0 +1,184 @@
+"""The scheduler on both floors: rehydration after Valkey loses its data, spill and restore,
+two schedulers on one queue, a floor outage during folding."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis
+import sqlalchemy as sa
+
+import echomq
+from echomq.floor import Floor
+from echomq.lanes import Lanes, Outcome
+from supervisor.localredis import LocalRedis
+from supervisor.scheduler import Scheduler
+
+HOUR_MS = 3_600_000
+
+
+@pytest.fixture
+def server() -> Iterator[LocalRedis]:
+    srv = LocalRedis().start()
+    yield srv
+    srv.stop()
+
+
+def _scheduler(client: redis.Redis, floor: Floor, queue: str, **kw: object) -> Scheduler:
+    s = Scheduler(queue, client, floor, beat_ms=100, horizon_s=3600, **kw)  # type: ignore[arg-type]
+    client.hset(f"emq:{{{queue}}}:meta", "fold", "1")
+    return s
+
+
+def _tick(s: Scheduler) -> None:
+    s.next_restore = 0.0
+    s.tick(0.0)
+
+
+def _run_all(q: echomq.Queue, ran: Counter[str]) -> None:
+    def handler(job: echomq.Job) -> None:
+        ran[job.id] += 1
+
+    q.redis.zadd(q.keys.schedule, {m: 0 for m in q.redis.zrange(q.keys.schedule, 0, -1)})
+    echomq.Consumer(q, handler, pump_batch=1000).run(burst=True)
+
+
+def test_deferred_and_retrying_jobs_survive_valkey_restarting_empty(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("rehydrate", redis=client)
+    sched = _scheduler(client, floor, "rehydrate")
+    _tick(sched)  # takes the lead and sets the epoch
+    delayed = q.add_many([("d", {"i": i}, {"delay": 600}) for i in range(1000)])
+    retrying = q.add_many([("r", {"i": i}) for i in range(1000)])
+    lanes = Lanes(client, q.keys, q.settings)
+    claimed = lanes.claim(1000)
+    assert len(claimed) == 1000
+    lanes.settle([Outcome(c.id, c.token, "f", "transient", 600_000) for c in claimed])
+    assert q.counts()["scheduled"] == 2000
+    _tick(sched)  # folds all 2000 within one beat
+    assert floor.count("rehydrate") == 2000
+    server.restart_empty()
+    client2 = redis.Redis.from_url(server.url)
+    q2 = echomq.Queue("rehydrate", redis=client2, keep_completed=None)
+    assert q2.counts()["scheduled"] == 0
+    sched2 = _scheduler(client2, floor, "rehydrate")
+    _tick(sched2)
+    _tick(sched2)  # a second rehydration pass creates nothing twice
+    assert q2.counts()["scheduled"] == 2000
+    ran: Counter[str] = Counter()
+    _run_all(q2, ran)
+    assert set(ran) == set(delayed) | set(retrying) and set(ran.values()) == {1}
+    job = q2.get(retrying[0])
+    assert job is not None and job.attempts == 2  # the retry kept its history
+    _tick(sched2)  # closes the rows of the completed jobs
+    assert floor.count("rehydrate") == 0
+
+
+def test_spill_moves_far_jobs_out_of_valkey_and_restores_them(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("spill", redis=client)
+    sched = _scheduler(client, floor, "spill")
+    _tick(sched)
+    before = client.info("memory")["used_memory"]
+    ids = q.add_many([("far", {"i": i}, {"delay": 7200}) for i in range(10_000)])
+    near = q.add("near", {}, delay=60)
+    grown = client.info("memory")["used_memory"] - before
+    _tick(sched)
+    assert q.stats()["spilled"] == 10_000 and q.counts()["scheduled"] == 10_001
+    assert client.zcard(q.keys.schedule) == 1 and client.exists(q.keys.job(near))
+    assert client.exists(q.keys.job(ids[0])) == 0
+    after = client.info("memory")["used_memory"] - before
+    assert after < grown / 5, (grown, after)
+    assert floor.count("spill", spilled=True) == 10_000
+    sched.clock_offset_ms = 2 * HOUR_MS  # the clock moves on two hours
+    _tick(sched)
+    assert q.stats()["spilled"] == 0 and client.zcard(q.keys.schedule) == 10_001
+    ran: Counter[str] = Counter()
+    horizon_now = int(client.time()[0]) * 1000 + 1000
+    due_now = client.zrangebyscore(q.keys.schedule, "-inf", horizon_now)
+    assert len(due_now) == 10_000  # restored at their due time on the moved clock
+    _run_all(q, ran)
+    assert set(ids) <= set(ran) and set(ran.values()) == {1}
+
+
+def test_two_schedulers_never_duplicate_a_restore(floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("two", redis=client)
+    a, b = _scheduler(client, floor, "two"), _scheduler(client, floor, "two")
+    _tick(a)
+    _tick(b)
+    assert a.fence is not None and b.fence is None  # one leader
+    q.add_many([("d", {"i": i}, {"delay": 600}) for i in range(300)])
+    _tick(a)
+    client.flushall()
+    client.hset(q.keys.meta, "fold", "1")
+    threads = [threading.Thread(target=s._rehydrate, args=(0,)) for s in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert client.zcard(q.keys.schedule) == 300
+    ran: Counter[str] = Counter()
+    _run_all(q, ran)
+    assert len(ran) == 300 and set(ran.values()) == {1}
+
+
+def test_floor_outage_during_folding_loses_and_duplicates_nothing(
+        floor: Floor, floor_url: str, backend: str, server: LocalRedis,
+        pg_admin_or_none: sa.Engine | None) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("outage", redis=client)
+    sched = _scheduler(client, floor, "outage")
+    _tick(sched)
+    first = q.add_many([("d", {"i": i}, {"delay": 600}) for i in range(200)])
+    with _outage(backend, floor_url, pg_admin_or_none):
+        second = q.add_many([("d", {"i": i}, {"delay": 600}) for i in range(200)])
+        _tick(sched)
+        assert sched.snapshot()["floor"].startswith("down")
+        assert client.llen(q.keys.fold) == 400  # kept in Valkey until the floor answers
+    _tick(sched)
+    assert sched.snapshot()["floor"] == "ok" and client.llen(q.keys.fold) == 0
+    assert floor.count("outage") == 400
+    ran: Counter[str] = Counter()
+    _run_all(q, ran)
+    assert set(ran) == set(first) | set(second) and set(ran.values()) == {1}
+
+
+class _outage:
+    """Make the floor refuse work: a SQLite exclusive lock, or PostgreSQL refusing connections."""
+
+    def __init__(self, backend: str, url: str, admin: sa.Engine | None) -> None:
+        self.backend, self.url, self.admin = backend, url, admin
+
+    def __enter__(self) -> None:
+        if self.backend == "sqlite":
+            import sqlite3
+
+            self.conn = sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=1)
+            self.conn.execute("BEGIN EXCLUSIVE")
+        else:
+            assert self.admin is not None
+            self.db = sa.make_url(self.url).database
+            with self.admin.connect() as c:
+                c.execute(sa.text(f'ALTER DATABASE "{self.db}" ALLOW_CONNECTIONS false'))
+                c.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE datname = :d"), {"d": self.db})
+
+    def __exit__(self, *exc: object) -> None:
+        if self.backend == "sqlite":
+            self.conn.rollback()
+            self.conn.close()
+        else:
+            assert self.admin is not None
+            with self.admin.connect() as c:
+                c.execute(sa.text(f'ALTER DATABASE "{self.db}" ALLOW_CONNECTIONS true'))
+
+
+@pytest.fixture
+def pg_admin_or_none(backend: str, request: pytest.FixtureRequest) -> sa.Engine | None:
+    return request.getfixturevalue("pg_admin") if backend == "postgresql" else None
