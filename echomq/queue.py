@@ -37,9 +37,11 @@ class Queue:
         *,
         redis: redis.Redis | None = None,
         settings: QueueSettings | None = None,
+        floor: Any = None,
         **overrides: Any,
     ) -> None:
         self.name = validate_name(name)
+        self.floor = floor  # an echomq.floor.Floor: with durability "sync", add() writes it
         self.keys = Keys(name)
         self.settings = (settings or QueueSettings()).with_overrides(**overrides)
         if redis is not None:
@@ -72,6 +74,7 @@ class Queue:
         [(script, keys, args)] = self._calls([spec])
         with translated(self.where):
             script(self.redis, keys, args)
+        self._sync_to_floor([spec])
         return spec[0]
 
     def add_many(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[str]:
@@ -101,7 +104,29 @@ class Queue:
         if specs:
             with translated(self.where):
                 scripts.execute(self.redis, self._calls(specs))
+            self._sync_to_floor(specs)
         return [s[0] for s in specs]
+
+    def _sync_to_floor(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> None:
+        """Durability "sync": deferred jobs are on the floor before add() returns."""
+        if self.settings.durability != "sync" or self.floor is None:
+            return
+        from echomq.floor import FloorRow
+
+        ids = [s[0] for s in specs if s[2] is not None]
+        if not ids:
+            return
+        with translated(self.where):
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hgetall(self.keys.job(job_id))
+            hashes = pipe.execute()
+        rows = []
+        for job_id, raw in zip(ids, hashes, strict=True):
+            h = {k.decode(): v.decode() for k, v in raw.items()}
+            if h.get("state") == "scheduled":
+                rows.append(FloorRow(job_id=job_id, due_ms=int(h.get("due_ms") or 0), fields=h))
+        self.floor.upsert(self.name, rows, None)
 
     def _spec(self, name: Any, payload: Any, lane: str | None, delay: float | None,
               run_at: datetime | None, job_id: str | None, max_attempts: int | None,

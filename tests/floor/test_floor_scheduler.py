@@ -182,3 +182,18 @@ class _outage:
 @pytest.fixture
 def pg_admin_or_none(backend: str, request: pytest.FixtureRequest) -> sa.Engine | None:
     return request.getfixturevalue("pg_admin") if backend == "postgresql" else None
+
+
+def test_sync_dial_writes_the_floor_before_add_returns(floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("sync", redis=client, floor=floor, durability="sync")
+    job_id = q.add("d", {"i": 1}, delay=600)
+    [row] = floor.open_rows("sync", None, 10)
+    assert row.job_id == job_id and row.fields["state"] == "scheduled"
+    q.add_many([("d", {"i": i}, {"delay": 60}) for i in range(50)] + [("now", {})])
+    assert floor.count("sync") == 51  # deferred ones only
+    server.restart_empty()
+    client2 = redis.Redis.from_url(server.url)
+    sched = _scheduler(client2, floor, "sync")
+    _tick(sched)
+    assert echomq.Queue("sync", redis=client2).counts()["scheduled"] == 51

@@ -214,3 +214,26 @@ def test_start_fails_at_once_when_the_handler_cannot_be_imported(redis_url: str)
         assert needle in done.stderr
         assert time.monotonic() - t0 < 10
     assert sys.executable
+
+
+def test_starts_from_environment_alone_like_a_container(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    port = free_port()
+    env = {"ECHOMQ_REDIS_URL": redis_url, "ECHOMQ_QUEUE": queue_name,
+           "ECHOMQ_HANDLER": "sup_jobs:record", "ECHOMQ_PROCESSES": "2",
+           "ECHOMQ_HEALTH_PORT": str(port), "ECHOMQ_DRAIN_TIMEOUT": "5",
+           "ECHOMQ_BEAT_MS": "200", "ECHOMQ_LOG_JSON": "1"}
+    sup = supervisor(redis_url, queue_name, env=env, flags=False)
+    sup.wait_for_log(r'"event": "spawn"', 2)
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", {"sleep": 0.5})
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 1, 10, "the job to start")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+        assert resp.status == 200
+    t0 = time.monotonic()
+    sup.signal(signal.SIGTERM)  # what the kubelet sends PID 1
+    assert sup.wait(15) == 0
+    assert time.monotonic() - t0 < 5  # well inside the drain timeout
+    assert _ran(r, queue_name)[job_id] == 1
+    events = [json.loads(line)["event"] for line in sup.lines if line.startswith("{")]
+    assert events[0] == "start" and "drain" in events and events[-1] == "exit"
