@@ -42,7 +42,8 @@ def _state_of(r: redis.Redis, q: echomq.Queue, job_id: str, lanes: list[str]) ->
     return where
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=ops)
 def test_every_job_is_in_exactly_one_state(redis_url: str, ops: list[tuple]) -> None:
     r = redis.Redis.from_url(redis_url)
