@@ -99,6 +99,7 @@ class Consumer:
         heartbeat.start()
         next_promote = next_reap = 0.0  # monotonic deadlines; 0 = now
         failures = 0
+        work = True  # drain on the first pass, then only when a ring or the pump found work
         try:
             while not self._stopping:
                 try:
@@ -106,14 +107,18 @@ class Consumer:
                         scripts.load_all(self.queue.redis)
                     now = time.monotonic()
                     if now >= next_reap:
-                        next_reap = self._reap(lease_s)
+                        next_reap, requeued = self._reap(lease_s)
+                        work |= requeued
                     if now >= next_promote:
-                        next_promote = self._promote(beat_s)
-                    self._drain()
+                        next_promote, promoted = self._promote(beat_s)
+                        work |= promoted
+                    if work or burst:
+                        self._drain()
+                        work = False
                     if burst or self._stopping:
                         break
                     now = time.monotonic()
-                    timeout = min(beat_s, next_promote - now, next_reap - now)
+                    timeout = min(next_promote - now, next_reap - now)
                     rung, woke = doorbell.wait(timeout, self._stop_r)
                     failures = 0
                     if woke:
@@ -121,6 +126,7 @@ class Consumer:
                     if rung or not doorbell.armed:
                         # a ring may mean a new schedule head; a timed-out beat runs the pump
                         next_promote = 0.0
+                        work |= rung
                 except NETWORK_ERRORS as exc:
                     failures += 1
                     doorbell.reset()
@@ -130,6 +136,7 @@ class Consumer:
                     # wait on the stop pipe: stop() ends the wait at once
                     select.select([self._stop_r], [], [], wait)
                     next_promote = next_reap = 0.0
+                    work = True
         except KeyboardInterrupt:
             self._release_held("requeue")
             raise
@@ -139,22 +146,28 @@ class Consumer:
             heartbeat.join(timeout=5)
         return self.processed
 
-    def _reap(self, lease_s: float) -> float:
-        _, _, next_expiry, server_now = scripts.reap(self.queue.redis, self.queue.keys)
+    def _reap(self, lease_s: float) -> tuple[float, bool]:
+        """Reap expired leases: (next reap deadline, whether jobs were requeued)."""
+        requeued, _, next_expiry, server_now = scripts.reap(self.queue.redis, self.queue.keys)
         # without a lease in sight, look again after one lease period: leases taken by
         # other consumers since this reap cannot expire before then
         wait = lease_s if next_expiry < 0 else min(lease_s, (next_expiry - server_now) / 1000)
-        return time.monotonic() + max(0.0, wait)
+        return time.monotonic() + max(0.0, wait), requeued > 0
 
-    def _promote(self, beat_s: float) -> float:
+    def _promote(self, beat_s: float) -> tuple[float, bool]:
+        """Promote due jobs: (next promote deadline, whether any were promoted)."""
         batch = self.settings.pump_batch
+        total = 0
         while True:
             promoted, next_due, server_now = scripts.promote(self.queue.redis, self.queue.keys,
                                                              batch)
+            total += promoted
             if promoted < batch:
                 break
-        wait = beat_s if next_due < 0 else (next_due - server_now) / 1000
-        return time.monotonic() + max(0.0, wait)
+        # with nothing scheduled, the BLPOP's own timeout ends the park and marks the beat;
+        # the local timer is only for a schedule head due before that
+        wait = beat_s + 1.0 if next_due < 0 else (next_due - server_now) / 1000
+        return time.monotonic() + max(0.0, wait), total > 0
 
     def _drain(self) -> None:
         """Claim and run jobs until a claim comes back empty (or stop is asked)."""
