@@ -185,7 +185,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 def _open_floor(url: str) -> Any:
     from echomq.floor import Floor
 
-    floor = Floor.from_url(url)
+    # short waits: the scheduler runs in the supervisor's loop, which must not stall on the floor
+    floor = Floor.from_url(url, busy_timeout_ms=300, connect_timeout_s=2)
     try:
         floor.check_at_head()
     except FloorSchemaError:

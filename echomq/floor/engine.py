@@ -62,23 +62,29 @@ def normalize_url(url: str) -> URL:
     return parsed
 
 
-def make_engine(url: str) -> Engine:
-    """Create the floor's engine for a SQLite or PostgreSQL URL."""
+def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+                connect_timeout_s: int = PG_CONNECT_TIMEOUT_S) -> Engine:
+    """Create the floor's engine for a SQLite or PostgreSQL URL.
+
+    The timeouts bound how long one call may wait for a locked SQLite file or an
+    unanswering PostgreSQL server; the supervisor passes short ones so a floor
+    outage never holds up its loop for long.
+    """
     parsed = normalize_url(url)
     try:
         if parsed.get_backend_name() == "sqlite":
             engine = create_engine(parsed)
-            _tune_sqlite(engine)
+            _tune_sqlite(engine, busy_timeout_ms)
             return engine
         connect_args: dict[str, Any] = {}
         if "connect_timeout" not in parsed.query:
-            connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+            connect_args["connect_timeout"] = connect_timeout_s
         return create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise FloorError(f"cannot create floor engine for {redact_url(parsed)}: {exc}") from exc
 
 
-def _tune_sqlite(engine: Engine) -> None:
+def _tune_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
     """Per-connection pragmas and explicit BEGIN, after SQLAlchemy's documented recipe.
 
     The sqlite3 driver's legacy transaction control is switched off
@@ -95,7 +101,7 @@ def _tune_sqlite(engine: Engine) -> None:
         cursor = dbapi_connection.cursor()
         try:
             # busy_timeout first: switching to WAL needs a lock another process may hold.
-            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             cursor.execute("PRAGMA journal_mode = WAL")
             cursor.execute("PRAGMA synchronous = NORMAL")
         finally:

@@ -57,9 +57,10 @@ class Floor:
         self.url_redacted = redact_url(engine.url)
 
     @classmethod
-    def from_url(cls, url: str) -> Floor:
-        """Open a floor on ``sqlite:///PATH`` or ``postgresql://...`` (connects lazily)."""
-        return cls(make_engine(url))
+    def from_url(cls, url: str, **engine_options: Any) -> Floor:
+        """Open a floor on ``sqlite:///PATH`` or ``postgresql://...`` (connects lazily).
+        ``engine_options`` go to :func:`make_engine` (busy_timeout_ms, connect_timeout_s)."""
+        return cls(make_engine(url, **engine_options))
 
     def dispose(self) -> None:
         """Close every pooled connection."""

@@ -1,0 +1,541 @@
+"""The drills' harness: a private server, a floor, real supervisors, a producer, a ledger.
+
+``supervisor.drill`` holds the scenarios; this module holds what they share. A
+:class:`Harness` starts its own redis-server (:class:`LocalRedis`), migrates the
+floor, starts ``echomq-supervisor start`` subprocesses with the drill handler,
+runs a paced producer thread, waits for progress and for the queue to settle,
+and gathers the facts a report is computed from (:class:`Observation`).
+
+Waiting is done on events: the supervisor's log pipe (its start line), process
+exits (``Popen.wait`` / pidfd), and a unix datagram "doorbell" the handler rings
+after each recorded success. Where no event exists (the queue being *empty* is
+an absence, and a SQLite file written by other processes has no change
+notification), the harness re-checks on a bounded beat, as the metronome does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from echomq.errors import EchoMQError, FloorError
+from echomq.queue import Queue
+from supervisor.drill_handler import LEDGER_ENV, NOTIFY_ENV, open_ledger
+from supervisor.localredis import LocalRedis
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+HANDLER = "supervisor.drill_handler:handle"
+BEAT_MS = 200
+LEASE_MS = 2000
+DRAIN_S = 10.0
+LANES = 24
+WORK_MS = 5
+DELAYED_SHARE = 0.3
+DELAY_RANGE_S = (0.2, 2.0)
+FAIL_FIRST_SHARE = 0.25
+RETRY_BACKOFF_S = 0.2
+MAX_ATTEMPTS = 10  # a killed attempt counts; the drills' kills must not bury jobs
+MAX_STALLS = 10
+PRODUCE_S = 2.0  # the producer spreads its admits over this long
+PRODUCE_BATCHES = 20
+CHECK_S = 0.25  # the bounded re-check beat where no event exists
+START_TIMEOUT_S = 20.0
+SETTLE_TIMEOUT_S = 25.0
+QUIET_S = 1.0  # "drained" must hold this long: a rehydrate or a reap may still be coming
+CLOSE_WAIT_S = 3.0  # after the last job, how long the floor gets to close its rows
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """One job the producer will admit."""
+
+    id: str
+    lane: str
+    delay: float | None
+    fail_first: bool
+
+
+def make_plan(n: int, tag: str, rng: random.Random) -> list[JobPlan]:
+    """A mix of immediate, delayed and fail-once jobs across many lanes."""
+    plan = []
+    for i in range(n):
+        delay = round(rng.uniform(*DELAY_RANGE_S), 3) if rng.random() < DELAYED_SHARE else None
+        plan.append(JobPlan(id=f"{tag}-{i:06d}", lane=f"lane-{rng.randrange(LANES)}",
+                            delay=delay, fail_first=rng.random() < FAIL_FIRST_SHARE))
+    return plan
+
+
+class Producer(threading.Thread):
+    """Admits the plan in paced batches; retries a batch (admit is idempotent per id) while
+    the server is unreachable, and records when each job's admit returned."""
+
+    def __init__(self, redis_url: str, queue: str, plan: list[JobPlan]) -> None:
+        super().__init__(name="drill-producer", daemon=True)
+        self.queue = Queue(queue, redis_url=redis_url, max_attempts=MAX_ATTEMPTS,
+                           max_stalls=MAX_STALLS)
+        self.plan = plan
+        self._admitted_at: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self.errors = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        size = max(1, -(-len(self.plan) // PRODUCE_BATCHES))
+        pace = PRODUCE_S / PRODUCE_BATCHES
+        start = time.monotonic()
+        try:
+            for n, i in enumerate(range(0, len(self.plan), size)):
+                # pacing, not polling: the wait ends at this batch's slot or on halt
+                if self.halt.wait(max(0.0, start + n * pace - time.monotonic())):
+                    return
+                self._admit(self.plan[i:i + size])
+        finally:
+            self.queue.close()
+
+    def admitted(self) -> dict[str, float]:
+        """A copy of job id -> time its admit returned, safe to read while producing."""
+        with self._lock:
+            return dict(self._admitted_at)
+
+    def _admit(self, batch: list[JobPlan]) -> None:
+        jobs = [("drill", {"work_ms": WORK_MS, "fail_first": p.fail_first},
+                 {"job_id": p.id, "lane": p.lane, "delay": p.delay, "backoff": RETRY_BACKOFF_S})
+                for p in batch]
+        while not self.halt.is_set():
+            try:
+                self.queue.add_many(jobs)
+            except (EchoMQError, OSError):
+                self.errors += 1
+                # no event says "the server is back"; a new attempt is the only probe
+                self.halt.wait(CHECK_S)
+                continue
+            now = time.time()
+            with self._lock:
+                self._admitted_at.update((p.id, now) for p in batch)
+            return
+
+
+class Doorbell:
+    """A unix datagram socket the handler rings after each success."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.setblocking(False)
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a ring or the timeout; swallow every ring already queued."""
+        ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
+        rung = False
+        while ready:
+            try:
+                self.sock.recv(64)
+                rung = True
+            except BlockingIOError:
+                break
+        return rung
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Ledger:
+    """The drill's read side of the handler's ledger."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        open_ledger(str(path)).close()  # create the file and table before anyone writes
+        self.conn = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+
+    def done_ids(self) -> set[str]:
+        return {r[0] for r in self.conn.execute(
+            "SELECT DISTINCT job_id FROM executions WHERE kind = 'ok'")}
+
+    def rows(self) -> list[tuple[str, int, int, str, float]]:
+        return [tuple(r) for r in self.conn.execute(
+            "SELECT job_id, attempt, pid, kind, at FROM executions ORDER BY at")]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait for processes that are not our children to exit (pidfd: an event, not a poll).
+    Returns the pids still alive at the deadline."""
+    fds = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + timeout
+    try:
+        while fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, _, _ = select.select(list(fds), [], [], left)
+            for fd in ready:
+                os.close(fd)
+                fds.pop(fd)
+        return list(fds.values())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+class SupervisorProc:
+    """One ``echomq-supervisor start`` subprocess; its JSON log lines are pumped to a file
+    and counted by event name as they arrive."""
+
+    def __init__(self, index: int, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.index = index
+        self.log_path = log_path
+        self.started = threading.Event()
+        self.events: Counter[str] = Counter()
+        self.crashes = 0
+        self.signalled: str | None = None  # set when the drill itself signals it
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        self.pid = self.proc.pid
+        self.pump = threading.Thread(target=self._pump, name=f"drill-sup{index}-log",
+                                     daemon=True)
+        self.pump.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stderr is not None
+        with open(self.log_path, "ab") as out:
+            for raw in iter(self.proc.stderr.readline, b""):
+                out.write(raw)
+                self._count(raw)
+        self.started.set()  # a supervisor that died before starting must not hang a waiter
+
+    def _count(self, raw: bytes) -> None:
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            return  # a traceback line; it is in the log file
+        name = line.get("event") if isinstance(line, dict) else None
+        if not name:
+            return
+        self.events[name] += 1
+        if name == "child-exit" and line.get("level") == "warning":
+            self.crashes += 1
+        if name == "start":
+            self.started.set()
+
+    def wait_started(self, timeout: float = START_TIMEOUT_S) -> bool:
+        return self.started.wait(timeout) and self.proc.poll() is None
+
+    def children(self) -> list[int]:
+        try:
+            return [c.pid for c in psutil.Process(self.pid).children()]
+        except psutil.NoSuchProcess:
+            return []
+
+    def terminate(self) -> None:
+        self.signalled = "SIGTERM"
+        self._signal(signal.SIGTERM)
+
+    def kill_tree(self) -> list[int]:
+        """SIGKILL the supervisor and its consumers; returns the consumer pids killed."""
+        self.signalled = "SIGKILL"
+        self._signal(signal.SIGSTOP)  # freeze it so no consumer is forked while we list them
+        kids = self.children()
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        wait_gone(kids, 10.0)
+        return kids
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _signal(self, sig: int) -> None:
+        try:
+            self.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    def finish(self) -> None:
+        if self.proc.poll() is None:
+            self.kill_tree()
+        self.pump.join(timeout=5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+@dataclass
+class Observation:
+    """The raw facts of one drill run, before any judgement."""
+
+    scenario: str
+    floor: str
+    queue: str
+    seed: int
+    plan: list[JobPlan]
+    admitted_at: dict[str, float] = field(default_factory=dict)
+    ledger: list[tuple[str, int, int, str, float]] = field(default_factory=list)
+    dead_ids: set[str] = field(default_factory=set)
+    fault_at: float | None = None
+    fault_end: float | None = None
+    settled: bool = False
+    killed_pids: set[int] = field(default_factory=set)
+    expected_exits: dict[int, int | None] = field(default_factory=dict)
+    unexpected_exits: dict[int, int | None] = field(default_factory=dict)
+    crashes: int = 0
+    backoffs: int = 0
+    events: dict[str, int] = field(default_factory=dict)
+    floor_open: int | None = None
+    producer_errors: int = 0
+    notes: list[str] = field(default_factory=list)
+    workdir: str = ""
+
+
+class Harness:
+    """One drill run's processes and files. Use as a context manager."""
+
+    def __init__(self, scenario: str, jobs: int, processes: int, floor_url: str | None,
+                 seed: int | None = None) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"echomq-drill-{scenario}-"))
+        self.jobs = jobs
+        self.processes = processes
+        self.owned_floor_dir: Path | None = None
+        if floor_url is None:
+            self.owned_floor_dir = self.workdir / "floor"
+            self.owned_floor_dir.mkdir()
+            floor_url = f"sqlite:///{self.owned_floor_dir / 'floor.db'}"
+        self.floor_url = floor_url
+        self.seed = seed if seed is not None else random.randrange(1 << 30)
+        self.queue = f"drill-{uuid.uuid4().hex[:8]}"  # a shared floor never mixes two runs
+        self.plan = make_plan(jobs, self.queue, random.Random(self.seed))
+        self.obs = Observation(scenario=scenario, floor=floor_url.split(":", 1)[0].split("+")[0],
+                               queue=self.queue, seed=self.seed, plan=self.plan,
+                               workdir=str(self.workdir))
+        self.redis = LocalRedis(workdir=str(self.workdir / "redis"))
+        self.supervisors: list[SupervisorProc] = []
+        self.doorbell: Doorbell | None = None
+        self.ledger: Ledger | None = None
+        self.producer: Producer | None = None
+        self._floor: Any = None
+        self._probe: Queue | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def __enter__(self) -> Harness:
+        try:
+            Path(self.redis.workdir).mkdir(parents=True, exist_ok=True)
+            self.redis.start()
+            self.ledger = Ledger(self.workdir / "ledger.db")
+            self.doorbell = Doorbell(self.workdir / "notify.sock")
+            self.migrate()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.producer is not None:
+            self.producer.halt.set()
+            self.producer.join(timeout=15)
+        for sup in self.supervisors:
+            sup.finish()
+        for closer in (self.doorbell, self.ledger):
+            if closer is not None:
+                closer.close()
+        if self._floor is not None:
+            self._floor.dispose()
+        if self._probe is not None:
+            self._probe.close()
+        self.redis.stop()
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def migrate(self) -> None:
+        done = subprocess.run([*CLI, "migrate", "--floor-url", self.floor_url],
+                              capture_output=True, text=True, timeout=120,
+                              env=self._env(), stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise RuntimeError(f"migrate failed ({done.returncode}): {done.stderr.strip()}")
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
+        env[LEDGER_ENV] = str(self.workdir / "ledger.db")
+        env[NOTIFY_ENV] = str(self.workdir / "notify.sock")
+        return env
+
+    def start_supervisor(self, wait: bool = True) -> SupervisorProc:
+        n = len(self.supervisors)
+        cmd = [*CLI, "start", "--redis-url", self.redis.url, "--queue", self.queue,
+               "--handler", HANDLER, "--processes", str(self.processes),
+               "--floor-url", self.floor_url, "--beat-ms", str(BEAT_MS),
+               "--lease-ms", str(LEASE_MS), "--drain-timeout", str(DRAIN_S), "--log-json"]
+        sup = SupervisorProc(n, cmd, self._env(), self.workdir / f"supervisor-{n}.log")
+        self.supervisors.append(sup)
+        if wait and not sup.wait_started():
+            raise RuntimeError(f"supervisor {n} did not start: see {sup.log_path}:\n"
+                               + _tail(sup.log_path))
+        return sup
+
+    @property
+    def current(self) -> SupervisorProc:
+        return self.supervisors[-1]
+
+    def start_producer(self) -> Producer:
+        self.producer = Producer(self.redis.url, self.queue, self.plan)
+        self.producer.start()
+        return self.producer
+
+    # --- waiting ------------------------------------------------------------------------
+
+    def wait_progress(self, fraction: float, timeout: float = 20.0) -> None:
+        """Return once ``fraction`` of the plan has completed: work is in flight."""
+        assert self.ledger is not None and self.doorbell is not None
+        target = max(1, int(len(self.plan) * fraction))
+        deadline = time.monotonic() + timeout
+        while len(self.ledger.done_ids()) < target:
+            self._check_alive()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"no progress: fewer than {target} jobs done in {timeout}s; "
+                                   f"see {self.current.log_path}:\n" + _tail(self.current.log_path))
+            # woken by the handler's doorbell; the bounded re-check covers a ring that was
+            # dropped (a datagram is best effort) and a supervisor that died
+            self.doorbell.wait(min(left, CHECK_S))
+
+    def wait_settled(self, timeout: float = SETTLE_TIMEOUT_S) -> bool:
+        """Until every admitted job is done, or the queue has nothing left anywhere."""
+        assert self.ledger is not None and self.doorbell is not None
+        assert self.producer is not None
+        self.producer.join(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        quiet_since: float | None = None
+        done_since: float | None = None
+        while (now := time.monotonic()) < deadline:
+            self._check_alive()
+            producing = self.producer.is_alive()
+            all_done = not producing and self.ledger.done_ids() >= self.producer.admitted().keys()
+            # "nothing left" is an absence, so no event announces it: re-check each beat
+            drained = not producing and self._drained()
+            if all_done and drained:
+                return True
+            if all_done:  # the floor rows of finished jobs close a beat or two later
+                done_since = done_since or now
+                if now - done_since >= CLOSE_WAIT_S:
+                    return True
+            if drained:
+                quiet_since = quiet_since or now
+                if now - quiet_since >= QUIET_S:
+                    return True
+            else:
+                quiet_since = None
+            self.doorbell.wait(min(CHECK_S, max(0.0, deadline - time.monotonic())))
+        return False
+
+    def _drained(self) -> bool:
+        if self._probe is None:
+            self._probe = Queue(self.queue, redis_url=self.redis.url)
+        try:
+            c = self._probe.counts()
+            if c["waiting"] or c["scheduled"] or c["active"]:
+                return False
+            return self.floor_open() == 0
+        except (EchoMQError, OSError):
+            return False
+
+    def floor_open(self) -> int | None:
+        """Open floor rows of this run's queue; None when the floor does not answer."""
+        from echomq.floor import Floor
+
+        if self._floor is None:
+            self._floor = Floor.from_url(self.floor_url)
+        try:
+            return int(self._floor.count(self.queue))
+        except FloorError:
+            return None
+
+    def _check_alive(self) -> None:
+        for sup in self.supervisors:
+            code = sup.proc.poll()
+            if code is not None and sup.signalled is None and sup.pid not in \
+                    self.obs.unexpected_exits:
+                self.obs.unexpected_exits[sup.pid] = code
+                self.obs.notes.append(f"supervisor {sup.pid} exited {code} unasked; "
+                                      f"log {sup.log_path}")
+
+    def pause(self, seconds: float) -> None:
+        """Let a fault last: wait on the current supervisor's exit, which should not come."""
+        code = self.current.wait(seconds)
+        if code is not None:
+            self._check_alive()
+
+    # --- the end --------------------------------------------------------------------------
+
+    def stop_supervisors(self) -> None:
+        """SIGTERM each live supervisor (the drain ladder) and record its exit code."""
+        live = [s for s in self.supervisors if s.proc.poll() is None]
+        self._check_alive()
+        for sup in live:
+            sup.terminate()
+        for sup in live:
+            code = sup.wait(DRAIN_S + 10)
+            self.obs.expected_exits[sup.pid] = code
+            if code is None:
+                self.obs.notes.append(f"supervisor {sup.pid} ignored SIGTERM for "
+                                      f"{DRAIN_S + 10}s; killed")
+                sup.kill_tree()
+
+    def collect(self) -> Observation:
+        assert self.ledger is not None
+        obs = self.obs
+        if self.producer is not None:
+            obs.admitted_at = self.producer.admitted()
+            obs.producer_errors = self.producer.errors
+        obs.ledger = self.ledger.rows()
+        obs.crashes = sum(s.crashes for s in self.supervisors)
+        obs.backoffs = sum(s.events["backoff"] for s in self.supervisors)
+        obs.events = dict(sum((s.events for s in self.supervisors), Counter()))
+        try:
+            if self._probe is None:
+                self._probe = Queue(self.queue, redis_url=self.redis.url)
+            obs.dead_ids = {j.id for j in self._probe.dead(limit=len(self.plan) + 1)}
+        except (EchoMQError, OSError) as exc:
+            obs.notes.append(f"could not read dead jobs: {exc}")
+        obs.floor_open = self.floor_open()
+        return obs
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        with open(path, "rb") as f:
+            return b"".join(f.readlines()[-lines:]).decode(errors="replace")
+    except OSError:
+        return ""
