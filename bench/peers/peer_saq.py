@@ -1,0 +1,78 @@
+"""SAQ: `saq peer_saq.settings --workers N` (asyncio, concurrency 10 by default, JSON by
+default), `Queue.enqueue` (no bulk API), `scheduled=` epoch seconds for delays."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from typing import Any
+
+import peerlib
+
+NAME = "saq"
+PACKAGES = ("saq", "redis")
+CONFIG = ("`saq peer_saq.settings --workers N` (defaults: concurrency 10, schedule poll 1 s, "
+          "JSON); `enqueue` one by one (no bulk API; fills use asyncio.gather), `scheduled=`")
+BULK = False
+
+
+async def noop(ctx: dict[str, Any]) -> None:
+    peerlib.count()
+
+
+async def record(ctx: dict[str, Any], *, t: float) -> None:
+    peerlib.record(t)
+
+
+def _queue(url: str) -> Any:
+    from saq import Queue
+
+    return Queue.from_url(url, name=peerlib.QUEUE)
+
+
+settings = {
+    "queue": _queue(os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:1/0")),
+    "functions": [noop, record],
+}
+
+
+class Producer:
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.q = _queue(url)
+        self.loop.run_until_complete(self.q.connect())
+
+    def enqueue(self, kind: str, t: float | None = None) -> None:
+        if kind == "noop":
+            self.loop.run_until_complete(self.q.enqueue("noop"))
+        else:
+            self.loop.run_until_complete(self.q.enqueue("record", t=t))
+
+    def enqueue_delayed(self, t: float, delay: float) -> None:
+        self.loop.run_until_complete(
+            self.q.enqueue("record", t=t, scheduled=time.time() + delay))
+
+    def _gather(self, coros: list[Any]) -> None:
+        async def run() -> None:
+            await asyncio.gather(*coros)
+        self.loop.run_until_complete(run())
+
+    def fill(self, n: int) -> None:
+        for i in range(0, n, 500):
+            self._gather([self.q.enqueue("noop") for _ in range(min(500, n - i))])
+
+    def fill_delayed(self, delays: list[float]) -> None:
+        now = time.time()
+        for i in range(0, len(delays), 500):
+            self._gather([self.q.enqueue("noop", scheduled=now + d) for d in delays[i:i + 500]])
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.q.disconnect())
+        self.loop.close()
+
+
+def worker_argvs(processes: int, url: str, purpose: str) -> list[list[str]]:
+    exe = os.path.join(os.path.dirname(sys.executable), "saq")
+    return [[exe, "peer_saq.settings", "--workers", str(processes), "--quiet"]]
