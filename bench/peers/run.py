@@ -144,6 +144,7 @@ def machine() -> dict[str, Any]:
                          Path("/proc/cpuinfo").read_text().splitlines()
                          if line.startswith("model name")), "?"),
             "python": sys.version.split()[0], "server": sh([server, "--version"]),
+            "commit": sh(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
@@ -269,8 +270,7 @@ def run_own(quick: bool, scale_jobs: int, runs: int) -> dict[str, Any]:
         # the million itself, once each: EchoMQ fills and drains it in about a minute
         specs["drain_1m"] = ["drain.py", "--jobs", "1000000", "--processes", "4",
                              "--no-standalone", "--runs", "1"]
-        specs["memory_1m"] = ["memory.py", "--processes", "4", "--jobs", "20000",
-                              "--delayed", "1000000"]
+        specs["memory_1m"] = ["memory.py", "--processes", "", "--delayed", "1000000"]
     out: dict[str, Any] = {}
     for name, argv in specs.items():
         path = RESULTS / f"own-{name}.json"
