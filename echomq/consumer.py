@@ -174,7 +174,7 @@ class Consumer:
         if self._pending:
             self._settle(self._pending)
             self._pending = []
-        batch = self.lanes.claim(1)
+        batch = self.lanes.claim(1, chain=True)
         while batch:
             self._hold(batch)
             outcomes: list[Outcome] = []

@@ -41,9 +41,11 @@ class Lanes:
         keep_count, keep_age = settings.retention_args
         self._settle_head = [keys.prefix, keep_count, keep_age]
 
-    def claim(self, count: int = 1) -> list[Claimed]:
-        """Lease up to ``count`` waiting jobs, one lane per turn."""
-        return parse_claimed(scripts.CLAIM(self.client, self._claim_keys, self._claim_args(count)))
+    def claim(self, count: int = 1, *, chain: bool = False) -> list[Claimed]:
+        """Lease up to ``count`` waiting jobs, one lane per turn. With ``chain``, ring the
+        doorbell when work remains, so the next parked consumer joins in."""
+        return parse_claimed(scripts.CLAIM(self.client, self._claim_keys,
+                                           self._claim_args(count, chain)))
 
     def settle(self, outcomes: Sequence[Outcome]) -> list[Settled]:
         """Settle finished jobs; a stale token comes back as Settled.STALE."""
@@ -70,8 +72,8 @@ class Lanes:
     def extend(self, held: Sequence[tuple[str, str]]) -> list[bool]:
         return scripts.extend(self.client, self.keys, self.settings.lease_ms, held)
 
-    def _claim_args(self, count: int) -> list[Any]:
-        return [self.keys.prefix, self.settings.lease_ms, count]
+    def _claim_args(self, count: int, chain: bool = False) -> list[Any]:
+        return [self.keys.prefix, self.settings.lease_ms, count, "1" if chain else "0"]
 
     def _settle_args(self, outcomes: Sequence[Outcome]) -> list[Any]:
         args: list[Any] = [*self._settle_head, len(outcomes)]

@@ -56,7 +56,7 @@ class LuaScript:
 
 ADMIT = LuaScript("admit", 2)
 SCHEDULE = LuaScript("schedule", 4)
-CLAIM = LuaScript("claim", 3)
+CLAIM = LuaScript("claim", 4)
 SETTLE = LuaScript("settle", 9)
 EXTEND = LuaScript("extend", 1)
 REAP = LuaScript("reap", 7)
@@ -105,12 +105,8 @@ def schedule_keys(k: Keys) -> list[str]:
     return [k.schedule, k.wake, k.meta, k.fold]
 
 
-def claim(client: redis.Redis, k: Keys, lease_ms: int, count: int) -> list[Any]:
-    return CLAIM(client, claim_keys(k), [k.prefix, lease_ms, count])  # type: ignore[no-any-return]
-
-
 def claim_keys(k: Keys) -> list[str]:
-    return [k.ring, k.leases, k.tokens]
+    return [k.ring, k.leases, k.tokens, k.wake]
 
 
 def settle_keys(k: Keys) -> list[str]:

@@ -389,11 +389,13 @@ class Arbiter:
             child.poked_at = time.monotonic()
 
     def _poke_idle(self, rt: QueueRuntime) -> None:
+        """Poke one idle child: its first claim rings again while work remains, and the
+        next ring pokes the next child, so one job wakes one process and a burst all."""
         if self.stopping:
             return
-        for child in rt.children:
-            if child.state == "idle":
-                self._poke(rt, child)
+        idle = [c for c in rt.children if c.state == "idle"]
+        if idle:
+            self._poke(rt, min(idle, key=lambda c: c.poked_at))
 
     def _on_ring(self, rt: QueueRuntime) -> None:
         now = time.monotonic()
@@ -487,7 +489,8 @@ class Arbiter:
         if now < rt.metronome.deadline():
             return
         try:
-            found = rt.metronome.pump(now, disarmed=not rt.metronome.doorbell.armed)
+            parked = any(c.state in ("idle", "starting") for c in rt.children)
+            found = rt.metronome.pump(now, disarmed=not parked)
         except NETWORK_ERRORS as exc:
             self._queue_down(rt, now, exc)
             return

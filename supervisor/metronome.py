@@ -6,13 +6,11 @@ reap and promote are worth a round trip: promote when the schedule head is
 due (the server's BLPOP timeout fires only on its ``hz`` tick, so the timer
 is what makes a delayed job start on time), reap when the lease head can
 have expired. An idle queue with nothing scheduled and nothing leased costs
-one BLPOP per beat, plus a safety promote every few beats for schedule heads
-that another replica's metronome was told about.
+one BLPOP per beat, plus a safety promote and reap every 30 beats (for heads
+another replica's metronome was told about, and leases it took).
 """
 
 from __future__ import annotations
-
-import time
 
 import redis
 
@@ -21,7 +19,7 @@ from echomq.config import QueueSettings
 from echomq.keys import Keys
 from echomq.wake import Doorbell
 
-SAFETY_BEATS = 10  # promote at least this often (in beats) while idle
+SAFETY_BEATS = 30  # promote at least this often (in beats) while idle
 
 
 class Metronome:
@@ -51,9 +49,7 @@ class Metronome:
         if rung:
             self.rings += 1
             self.next_promote = 0.0  # the ring may announce a new schedule head
-        else:
-            # a beat passed without a ring: the fallback pump runs on this beat
-            self.next_promote = min(self.next_promote, time.monotonic())
+        # a quiet beat needs no pump: the local timers already say when heads fall due
         return rung
 
     def pump(self, now: float, disarmed: bool) -> bool:

@@ -88,7 +88,7 @@ class Worker:
         if self.pending:
             self.lanes.settle(self.pending)
             self.pending = []
-        batch = self.lanes.claim(1)
+        batch = self.lanes.claim(1, chain=True)
         while batch:
             claimed_at = time.perf_counter()
             self._send(protocol.hold_line([(c.id, c.token) for c in batch]))

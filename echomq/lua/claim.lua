@@ -5,16 +5,21 @@
   that lane, so a lane with 10,000 jobs and a lane with 1 alternate. A lane
   left empty leaves the ring. Each claimed job gets attempts + 1, a fresh
   lease token and a lease in the leases zset, expiring lease_ms from the
-  server's clock. Ids whose hash is missing are dropped. The lane list and
-  the job hash are built from the prefix inside the script.
+  server's clock. Ids whose hash is missing are dropped. With the chain
+  flag, the doorbell rings when lanes still hold work after the claim, so a
+  burst admitted with one ring wakes parked consumers one after another
+  instead of one consumer taking it all. The lane list and the job hash are
+  built from the prefix inside the script.
 
   Input:
     KEYS[1] ring    list of lanes with waiting jobs
     KEYS[2] leases  zset of active job ids by lease expiry (ms)
     KEYS[3] tokens  lease token counter
+    KEYS[4] wake    the doorbell list
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] lease_ms
     ARGV[3] count, the most jobs to claim
+    ARGV[4] chain: "1" to ring when work remains after this claim
 
   Output:
     a flat array, 9 values per claimed job:
@@ -60,5 +65,9 @@ while claimed < count and turns < count * 4 do
       claimed = claimed + 1
     end
   end
+end
+if ARGV[4] == '1' and claimed > 0 and redis.call('LLEN', KEYS[1]) > 0 then
+  redis.call('LPUSH', KEYS[4], '1')
+  redis.call('LTRIM', KEYS[4], 0, 63)
 end
 return out

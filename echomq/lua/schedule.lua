@@ -22,6 +22,8 @@
 ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- a relative due time is rounded up to the next ms, so a job never starts early
+local exact = t[1] * 1000 + t[2] / 1000
 local prefix = ARGV[1]
 local n = tonumber(ARGV[2])
 local fold = redis.call('HGET', KEYS[3], 'fold') == '1'
@@ -37,7 +39,7 @@ for i = 0, n - 1 do
     out[i + 1] = 0
   else
     local due = tonumber(ARGV[b + 7])
-    if due < 0 then due = now - due end
+    if due < 0 then due = math.ceil(exact - due) end
     redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
       'lane', ARGV[b + 3], 'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[b + 4],
       'stalls', 0, 'max_stalls', ARGV[b + 5], 'backoff', ARGV[b + 6], 'created_ms', now,

@@ -131,6 +131,36 @@ def test_one_ring_wakes_one_of_two_parked_consumers(redis_url: str, queue_name: 
             t.join(5)
 
 
+def test_a_burst_admitted_with_one_ring_is_shared_by_parked_consumers(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    counts = [0, 0]
+    done = threading.Event()
+
+    def handler(n: int):  # type: ignore[no-untyped-def]
+        def run(job: echomq.Job) -> None:
+            counts[n] += 1
+            release = threading.Event()
+            release.wait(0.002)  # a little work, so both consumers have a share to take
+            if sum(counts) == 200:
+                done.set()
+        return run
+
+    consumers = [echomq.Consumer(queue_name, handler(n), redis_url=redis_url, beat_ms=30_000)
+                 for n in (0, 1)]
+    threads = [_start(c) for c in consumers]
+    try:
+        _parked(r, 2)
+        q.add_many([("x", i) for i in range(200)])  # one admit, one ring
+        assert done.wait(10)
+        assert min(counts) > 20, counts
+    finally:
+        for c in consumers:
+            c.stop()
+        for t in threads:
+            t.join(5)
+
+
 def test_long_job_lease_is_extended_by_heartbeat(redis_url: str, queue_name: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     job_id = q.add("slow", 1)

@@ -199,3 +199,28 @@ def test_retention_bounds_completed_jobs(redis_url: str, queue_name: str, r: red
     job_id = q0.add("x", 1)
     echomq.Consumer(q0, lambda job: None).run(burst=True)
     assert q0.get(job_id) is None and q0.counts()["completed"] == 1
+
+
+def test_chained_claim_rings_only_while_work_remains(redis_url: str, queue_name: str,
+                                                     r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add_many([("x", i) for i in range(3)])
+    r.delete(q.keys.wake)
+    lanes = _lanes(q)
+    lanes.claim(1)
+    assert r.llen(q.keys.wake) == 0  # without chain: no ring
+    lanes.claim(1, chain=True)
+    assert r.llen(q.keys.wake) == 1  # one job left: the next parked consumer is woken
+    r.delete(q.keys.wake)
+    lanes.claim(1, chain=True)
+    assert r.llen(q.keys.wake) == 0  # nothing left: nobody else needs waking
+
+
+def test_a_delayed_job_is_never_due_early(redis_url: str, queue_name: str,
+                                          r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    for _ in range(20):
+        sec, usec = r.time()
+        job = q.get(q.add("x", delay=0.3))
+        assert job is not None and job.due_ms is not None
+        assert job.due_ms >= sec * 1000 + usec / 1000 + 300
