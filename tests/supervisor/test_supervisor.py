@@ -253,3 +253,47 @@ def test_starts_from_environment_alone_like_a_container(
     assert _ran(r, queue_name)[job_id] == 1
     events = [json.loads(line)["event"] for line in sup.lines if line.startswith("{")]
     assert events[0] == "start" and "drain" in events and events[-1] == "exit"
+
+
+def test_several_queues_in_one_supervisor(supervisor: Start, redis_url: str, queue_name: str,
+                                          r: redis.Redis) -> None:
+    other = queue_name + "-b"
+    sup = supervisor(redis_url, queue_name, "--queue", other, "--processes", "1",
+                     "--processes", "2").started(3)
+    assert len(sup.wait_for_log(rf"queue {other}: consumer \d+ started", 2)) == 2
+    qa = echomq.Queue(queue_name, redis_url=redis_url)
+    qb = echomq.Queue(other, redis_url=redis_url)
+    a = qa.add_many([("x", {}) for _ in range(50)])
+    b = qb.add_many([("x", {}) for _ in range(50)])
+    wait_until(lambda: qa.counts()["completed"] == 50 and qb.counts()["completed"] == 50, 20,
+               "both queues")
+    assert set(_ran(r, queue_name)) == set(a) and set(_ran(r, other)) == set(b)
+
+
+def test_max_jobs_recycles_consumers_without_losing_work(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = q.add_many([("x", {}) for _ in range(100)])
+    sup = supervisor(redis_url, queue_name, "--processes", "2", "--max-jobs", "10")
+    wait_until(lambda: q.counts()["completed"] == 100, 30, "100 completions")
+    ran = _ran(r, queue_name)
+    assert set(ran) == set(ids) and set(ran.values()) == {1}
+    exits = sup.wait_for_log(r"consumer \d+ exited with 4", 8)
+    assert len(exits) >= 8  # each process ran at most 10 jobs, then was replaced
+    assert "respawn in" not in sup.log  # a recycle is not a crash
+
+
+def test_sighup_rolls_every_consumer(supervisor: Start, redis_url: str, queue_name: str,
+                                     r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    sup = supervisor(redis_url, queue_name, "--processes", "2").started(2)
+    wait_until(lambda: len(_children(sup)) == 2, 10, "two consumers")
+    before = set(_children(sup))
+    job_id = q.add("x", {"sleep": 0.5})
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 1, 10, "the job to start")
+    sup.signal(signal.SIGHUP)
+    sup.wait_for_log(r"SIGHUP: rolling")
+    wait_until(lambda: len(_children(sup)) == 2 and not before & set(_children(sup)), 15,
+               "two new consumers")
+    wait_until(lambda: _ran(r, queue_name)[job_id] == 1, 10, "the running job to finish")
+    assert r.llen(f"ledger:{queue_name}:started") == 1  # finished, not killed and rerun
