@@ -111,22 +111,11 @@ class Queue:
         """Durability "sync": deferred jobs are on the floor before add() returns."""
         if self.settings.durability != "sync" or self.floor is None:
             return
-        from echomq.floor import FloorRow
+        from echomq.floor.writethrough import write_through
 
         ids = [s[0] for s in specs if s[2] is not None]
-        if not ids:
-            return
         with translated(self.where):
-            pipe = self.redis.pipeline(transaction=False)
-            for job_id in ids:
-                pipe.hgetall(self.keys.job(job_id))
-            hashes = pipe.execute()
-        rows = []
-        for job_id, raw in zip(ids, hashes, strict=True):
-            h = {k.decode(): v.decode() for k, v in raw.items()}
-            if h.get("state") == "scheduled":
-                rows.append(FloorRow(job_id=job_id, due_ms=int(h.get("due_ms") or 0), fields=h))
-        self.floor.upsert(self.name, rows, None)
+            write_through(self.redis, self.keys, self.floor, ids)
 
     def _spec(self, name: Any, payload: Any, lane: str | None, delay: float | None,
               run_at: datetime | None, job_id: str | None, max_attempts: int | None,

@@ -117,6 +117,8 @@ class Arbiter:
         self.selector.register(self.signals.fileno(), selectors.EVENT_READ, "signals")
         self.forget_in_child.append(self.signals.forget_in_child)
         self.forget_in_child.append(lambda: sever_client(self.client))
+        if self.floor is not None:
+            self.forget_in_child.append(self.floor.forget_after_fork)
         for rt in self.queues.values():
             self.forget_in_child.append(lambda rt=rt: self._forget_doorbell(rt))
             self._prepare_queue(rt)
@@ -238,7 +240,7 @@ class Arbiter:
     def _spawn(self, rt: QueueRuntime, slot: Slot) -> None:
         forget = [*self.forget_in_child, *(self._sibling_forgetters())]
         child = fork_child(rt.spec.name, slot.index, self.settings.redis_url, rt.settings,
-                           rt.handler, self.settings.max_jobs, forget)
+                           rt.handler, self.settings.max_jobs, forget, self.settings.floor_url)
         slot.child = child
         slot.respawn_at = None
         self.pids[child.pid] = child

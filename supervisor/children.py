@@ -54,7 +54,7 @@ def sever_client(client: redis.Redis) -> None:
 
 def fork_child(queue: str, slot: int, redis_url: str, settings: QueueSettings,
                handler: Callable[..., Any], max_jobs: int | None,
-               forget: Iterable[Callable[[], None]]) -> Child:
+               forget: Iterable[Callable[[], None]], floor_url: str | None = None) -> Child:
     """Fork one consumer. In the child, ``forget`` callbacks drop every inherited socket
     (siblings' pipe ends, the signal pipe, the parent's Redis connections, the health
     listener) before the child builds its own clients."""
@@ -64,7 +64,7 @@ def fork_child(queue: str, slot: int, redis_url: str, settings: QueueSettings,
         sever(parent_end)
         for callback in forget:
             callback()
-        run_child(child_end, queue, redis_url, settings, handler, max_jobs)
+        run_child(child_end, queue, redis_url, settings, handler, max_jobs, floor_url)
     child_end.close()
     parent_end.setblocking(False)
     return Child(queue=queue, slot=slot, pid=pid, sock=parent_end,

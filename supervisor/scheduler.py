@@ -53,6 +53,8 @@ class Scheduler:
         self.fence: int | None = None
         self.next_tick = 0.0
         self.next_restore = 0.0
+        self.floor_retry_at = 0.0
+        self.sweep_offset: int | None = None  # folding the whole schedule set after election
         self.restore_every_s = max(self.beat_s, min(10 * self.beat_s, horizon_s / 4))
         self.floor_ok = True
         self.floor_error = ""
@@ -69,7 +71,7 @@ class Scheduler:
         """One beat of floor work; never raises for an unreachable Valkey or floor."""
         self.next_tick = now + self.beat_s
         try:
-            self._tick(now)
+            self._tick(now, floor_work=now >= self.floor_retry_at)
         except NETWORK_ERRORS as exc:
             log.debug("queue %s: scheduler skipped a beat: %s", self.queue, exc)
         except StaleFence:
@@ -104,7 +106,7 @@ class Scheduler:
 
     # --- the beat -------------------------------------------------------------------
 
-    def _tick(self, now: float) -> None:
+    def _tick(self, now: float, floor_work: bool = True) -> None:
         fence, fold_len, closed_len, epoch, spill_candidates, server_now = scripts.LEAD(
             self.client,
             [self.keys.leader, self.keys.fold, self.keys.closed, self.keys.epoch,
@@ -118,7 +120,12 @@ class Scheduler:
         if self.fence != fence:
             event(log, "scheduler-lead", "queue %s: this replica now runs the scheduler",
                   self.queue, queue=self.queue)
+            # jobs scheduled while nobody folded (before any scheduler set the fold flag)
+            # reach the floor by a sweep of the schedule set, a batch per beat
+            self.sweep_offset = 0
         self.fence = fence
+        if not floor_work:  # the floor is backing off: the lease is renewed, nothing more
+            return
         if not _text(epoch):
             self._rehydrate(int(server_now))
         if int(fold_len):
@@ -130,11 +137,25 @@ class Scheduler:
         if now >= self.next_restore:
             self._restore_due(int(server_now))
             self.next_restore = now + self.restore_every_s
+        if self.sweep_offset is not None:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Fold one batch of the schedule set; idempotent with the fold log."""
+        assert self.sweep_offset is not None
+        ids = [_text(x) for x in self.client.zrange(
+            self.keys.schedule, self.sweep_offset, self.sweep_offset + BATCH - 1)]
+        rows = [FloorRow(job_id=i, due_ms=int(h.get("due_ms") or 0), fields=h)
+                for i, h in zip(ids, self._hashes(ids), strict=True)
+                if h.get("state") == "scheduled"]
+        self.floor.upsert(self.queue, rows, self.fence)
+        self.folded += len(rows)
+        self.sweep_offset = None if len(ids) < BATCH else self.sweep_offset + BATCH
 
     def _floor_down(self, now: float, exc: Exception) -> None:
         self.floor_failures += 1
         delay = min(FLOOR_BACKOFF_MAX_S, self.beat_s * 2 ** min(self.floor_failures, 8))
-        self.next_tick = now + delay
+        self.floor_retry_at = now + delay  # beats go on meanwhile, renewing the leader lease
         if self.floor_ok or self.floor_failures % 10 == 0:
             event(log, "floor-down", "queue %s: floor unavailable (%s); jobs stay in Valkey, "
                   "retrying in %.1fs", self.queue, exc, delay, level=logging.WARNING,

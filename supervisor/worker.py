@@ -21,9 +21,12 @@ import redis.exceptions
 from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import client_from_url
+from echomq.errors import FloorError
+from echomq.floor.writethrough import write_through
 from echomq.keys import Keys
 from echomq.lanes import Lanes, Outcome
 from echomq.runner import Runner
+from echomq.scripts import Settled
 from supervisor import protocol
 
 log = logging.getLogger("echomq.worker")
@@ -35,7 +38,7 @@ class Worker:
 
     def __init__(self, sock: socket.socket, queue: str, redis_url: str,
                  settings: QueueSettings, handler: Callable[..., Any],
-                 max_jobs: int | None) -> None:
+                 max_jobs: int | None, floor_url: str | None = None) -> None:
         self.sock = sock
         self.queue = queue
         self.settings = settings
@@ -48,6 +51,12 @@ class Worker:
         self.report_jobs = 0
         self.report_wait_us = 0
         self.pending: list[Outcome] = []
+        self.floor: Any = None
+        if floor_url and settings.durability == "sync":
+            from echomq.floor import Floor
+
+            # opened after the fork: an engine's pooled connections must never cross one
+            self.floor = Floor.from_url(floor_url, busy_timeout_ms=1000, connect_timeout_s=2)
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True  # recorded only; the loop checks it between jobs
@@ -105,17 +114,33 @@ class Worker:
                 self._settle(outcomes)
                 return
             try:
-                _, batch = self.lanes.settle_and_claim(outcomes, self._batch_size())
+                codes, batch = self.lanes.settle_and_claim(outcomes, self._batch_size())
             except NETWORK_ERRORS:
                 self.pending = outcomes
                 raise
+            self._write_retries(outcomes, codes)
 
     def _settle(self, outcomes: Sequence[Outcome]) -> None:
         try:
-            self.lanes.settle(outcomes)
+            codes = self.lanes.settle(outcomes)
         except NETWORK_ERRORS:
             self.pending = list(outcomes)
             raise
+        self._write_retries(outcomes, codes)
+
+    def _write_retries(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
+        """Durability "sync": a retry is on the floor before the next job starts."""
+        if self.floor is None:
+            return
+        retries = [o.job_id for o, c in zip(outcomes, codes, strict=True)
+                   if c is Settled.RETRYING]
+        if not retries:
+            return
+        try:
+            write_through(self.client, self.lanes.keys, self.floor, retries)
+        except FloorError as exc:  # the scheduler folds them within a beat instead
+            log.warning("queue %s: sync write of %d retries failed: %s", self.queue,
+                        len(retries), exc)
 
     def _batch_size(self) -> int:
         size = self.runner.batch_size()
@@ -131,12 +156,13 @@ class Worker:
 
 
 def run_child(sock: socket.socket, queue: str, redis_url: str, settings: QueueSettings,
-              handler: Callable[..., Any], max_jobs: int | None) -> NoReturn:
+              handler: Callable[..., Any], max_jobs: int | None,
+              floor_url: str | None = None) -> NoReturn:
     """Entry point right after fork: serve, then leave without running the parent's atexit."""
     code = protocol.EXIT_OK
     random.seed()
     try:
-        code = Worker(sock, queue, redis_url, settings, handler, max_jobs).serve()
+        code = Worker(sock, queue, redis_url, settings, handler, max_jobs, floor_url).serve()
     except BaseException:  # the child must never return into the parent's code
         log.exception("queue %s: consumer process failed", queue)
         code = 1

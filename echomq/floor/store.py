@@ -62,6 +62,10 @@ class Floor:
         ``engine_options`` go to :func:`make_engine` (busy_timeout_ms, connect_timeout_s)."""
         return cls(make_engine(url, **engine_options))
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: drop the pool without closing the parent's connections."""
+        self._engine.dispose(close=False)
+
     def dispose(self) -> None:
         """Close every pooled connection."""
         self._engine.dispose()

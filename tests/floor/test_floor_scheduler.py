@@ -34,7 +34,9 @@ def _scheduler(client: redis.Redis, floor: Floor, queue: str, **kw: object) -> S
 
 
 def _tick(s: Scheduler) -> None:
+    """One beat now, whatever backoff the last one chose (the test drives the clock)."""
     s.next_restore = 0.0
+    s.floor_retry_at = 0.0
     s.tick(0.0)
 
 
@@ -197,3 +199,30 @@ def test_sync_dial_writes_the_floor_before_add_returns(floor: Floor, server: Loc
     sched = _scheduler(client2, floor, "sync")
     _tick(sched)
     assert echomq.Queue("sync", redis=client2).counts()["scheduled"] == 51
+
+
+def test_jobs_scheduled_before_any_scheduler_are_swept_onto_the_floor(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("early", redis=client)
+    ids = q.add_many([("d", {"i": i}, {"delay": 600}) for i in range(2500)])
+    assert client.llen(q.keys.fold) == 0  # nobody had asked for folding yet
+    sched = _scheduler(client, floor, "early")
+    for _ in range(3):  # a batch per beat
+        _tick(sched)
+    assert {r.job_id for r in floor.open_rows("early", None, 10_000)} == set(ids)
+
+
+def test_leadership_is_renewed_while_the_floor_backs_off(
+        floor: Floor, floor_url: str, backend: str, server: LocalRedis,
+        pg_admin_or_none: sa.Engine | None) -> None:
+    client = redis.Redis.from_url(server.url)
+    sched = _scheduler(client, floor, "lease")
+    _tick(sched)
+    echomq.Queue("lease", redis=client).add("d", {}, delay=600)
+    with _outage(backend, floor_url, pg_admin_or_none):
+        sched.tick(0.0)  # fails and backs off
+        assert sched.snapshot()["floor"].startswith("down") and sched.floor_retry_at > 0
+        client.pexpire(sched.keys.leader, 50)
+        sched.tick(0.01)  # inside the backoff: renews the lease only
+        assert client.pttl(sched.keys.leader) > 1000 and sched.fence is not None

@@ -30,6 +30,8 @@ def record(job) -> str:  # type: ignore[no-untyped-def]
     r.rpush(f"ledger:{job.queue}:started", f"{job.id}:{os.getpid()}:{job.attempts}")
     if p.get("stamp"):
         r.rpush(f"ledger:{job.queue}:stamps", repr(time.time()))
+    if p.get("fail_first") and job.attempts == 1:
+        raise RuntimeError("first attempt fails")
     if "exit" in p:
         os._exit(int(p["exit"]))
     if p.get("sleep"):

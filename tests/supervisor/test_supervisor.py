@@ -297,3 +297,25 @@ def test_sighup_rolls_every_consumer(supervisor: Start, redis_url: str, queue_na
                "two new consumers")
     wait_until(lambda: _ran(r, queue_name)[job_id] == 1, 10, "the running job to finish")
     assert r.llen(f"ledger:{queue_name}:started") == 1  # finished, not killed and rerun
+
+
+def test_sync_dial_writes_a_retry_to_the_floor_at_once(
+        supervisor: Start, redis_url: str, queue_name: str, tmp_path: object) -> None:
+    import subprocess
+
+    from echomq.floor import Floor
+
+    floor_url = f"sqlite:///{tmp_path}/floor.db"
+    subprocess.run([*CLI, "migrate", "--floor-url", floor_url], check=True, cwd=ROOT,
+                   capture_output=True)
+    # a long beat: the scheduler's own fold would come seconds later
+    supervisor(redis_url, queue_name, "--processes", "1", "--floor-url", floor_url,
+               "--durability", "sync", "--beat-ms", "10000").started(1)
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", {"fail_first": True}, backoff=600)
+    floor = Floor.from_url(floor_url)
+    wait_until(lambda: q.get(job_id).state == "scheduled", 5, "the retry")  # type: ignore[union-attr]
+    wait_until(lambda: floor.count(queue_name) == 1, 2, "the retry's floor row")
+    [row] = floor.open_rows(queue_name, None, 5)
+    assert row.job_id == job_id and row.fields["attempts"] == "1"
+    floor.dispose()

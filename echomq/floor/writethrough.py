@@ -1,0 +1,31 @@
+"""Write scheduled jobs onto the floor at once: the ``sync`` durability dial."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from echomq.floor.store import Floor, FloorRow
+from echomq.keys import Keys
+
+
+def write_through(client: redis.Redis, keys: Keys, floor: Floor, job_ids: Sequence[str]) -> int:
+    """Copy the hashes of these jobs, where still scheduled, to the floor; returns rows written.
+
+    Unfenced: producers and consumers are not the scheduler, and an upsert of the
+    job's current hash is always safe to repeat.
+    """
+    if not job_ids:
+        return 0
+    pipe = client.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hgetall(keys.job(job_id))
+    rows = []
+    for job_id, raw in zip(job_ids, pipe.execute(), strict=True):
+        h: dict[str, Any] = {k.decode(): v.decode() for k, v in raw.items()}
+        if h.get("state") == "scheduled":
+            rows.append(FloorRow(job_id=job_id, due_ms=int(h.get("due_ms") or 0), fields=h))
+    floor.upsert(keys.queue, rows, None)
+    return len(rows)
