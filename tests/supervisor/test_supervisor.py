@@ -319,3 +319,55 @@ def test_sync_dial_writes_a_retry_to_the_floor_at_once(
     [row] = floor.open_rows(queue_name, None, 5)
     assert row.job_id == job_id and row.fields["attempts"] == "1"
     floor.dispose()
+
+
+def test_start_refuses_a_floor_that_is_not_migrated(redis_url: str, tmp_path: object) -> None:
+    import subprocess
+
+    floor_url = f"sqlite:///{tmp_path}/empty.db"
+    done = subprocess.run([*CLI, "start", "--redis-url", redis_url, "--queue", "q",
+                           "--handler", "sup_jobs:record", "--floor-url", floor_url],
+                          cwd=ROOT, capture_output=True, text=True, timeout=30,
+                          env={"PYTHONPATH": f"{ROOT}/tests/supervisor:{ROOT}",
+                               "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2
+    assert "echomq-supervisor migrate --floor-url" in done.stderr
+
+
+def test_a_floor_outage_shows_in_readyz_and_metrics(
+        supervisor: Start, redis_url: str, queue_name: str, tmp_path: object) -> None:
+    import sqlite3
+    import subprocess
+
+    path = f"{tmp_path}/floor.db"
+    subprocess.run([*CLI, "migrate", "--floor-url", f"sqlite:///{path}"], check=True,
+                   cwd=ROOT, capture_output=True)
+    port = free_port()
+    supervisor(redis_url, queue_name, "--processes", "1", "--floor-url", f"sqlite:///{path}",
+               "--beat-ms", "100", "--health-port", str(port)).started(1)
+    base = f"http://127.0.0.1:{port}"
+
+    def readyz() -> dict:  # type: ignore[type-arg]
+        try:
+            with urllib.request.urlopen(base + "/readyz", timeout=5) as resp:
+                return json.loads(resp.read())  # type: ignore[no-any-return]
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read())  # type: ignore[no-any-return]
+
+    wait_until(lambda: readyz()["queues"][queue_name].get("floor") == "ok", 10, "floor ok")
+    lock = sqlite3.connect(path, timeout=1)
+    lock.execute("BEGIN EXCLUSIVE")  # every writer now waits out its busy timeout and fails
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", {}, delay=0.5)  # a deferred job for the scheduler to fold
+    try:
+        wait_until(lambda: readyz()["queues"][queue_name]["floor"].startswith("down"), 10,
+                   "the outage in /readyz")
+        assert readyz()["ready"] is True  # the queue keeps running on Valkey alone
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
+            assert f'echomq_floor_up{{queue="{queue_name}"}} 0.0' in resp.read().decode()
+        wait_until(lambda: q.get(job_id).state == "completed", 10,  # type: ignore[union-attr]
+                   "the job to run during the outage")
+    finally:
+        lock.rollback()
+        lock.close()
+    wait_until(lambda: readyz()["queues"][queue_name]["floor"] == "ok", 15, "floor back")
