@@ -83,7 +83,9 @@ class Arbiter:
     def __init__(self, settings: Settings, *, floor: Any = None,
                  scheduler_factory: Callable[[QueueRuntime], Any] | None = None) -> None:
         self.settings = settings
-        self.client = client_from_url(settings.redis_url)
+        # a short timeout: a stalled server must not hold the whole loop (signals, children)
+        # for long; every call here is a bounded script or a small pipeline
+        self.client = client_from_url(settings.redis_url, socket_timeout=3.0)
         self.where = redact_url(settings.redis_url)
         self.floor = floor
         self.queues: dict[str, QueueRuntime] = {}
