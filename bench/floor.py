@@ -121,11 +121,17 @@ def spill_and_rehydrate(backend: str, floor: Floor, server: object, jobs: int) -
     client2 = redis.Redis.from_url(server.url)  # type: ignore[attr-defined]
     s2 = Scheduler(name, client2, floor, beat_ms=1000, horizon_s=10 * 86_400)
     t = time.perf_counter()
-    s2.tick(0.0)
+    ticks = 0
+    while True:  # the scheduler works in slices of 0.1 s; count the ticks it needs
+        s2.tick(0.0)
+        ticks += 1
+        epoch = client2.get(f"emq:{{{name}}}:epoch")
+        if epoch and not epoch.startswith(b"rehydrating-"):
+            break
     took = time.perf_counter() - t
     back = client2.zcard(f"emq:{{{name}}}:schedule")
     print(f"  rehydrate after an empty restart:   {back:,} jobs in {took:.1f}s "
-          f"({back / took:,.0f} jobs/s)")
+          f"({back / took:,.0f} jobs/s, {ticks} ticks of at most ~0.1 s each)")
 
 
 def main() -> None:

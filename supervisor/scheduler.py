@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +29,8 @@ from supervisor.logs import event
 
 log = logging.getLogger("echomq.scheduler")
 BATCH = 1000
+TICK_BUDGET_S = 0.1  # floor work per tick; the rest continues on the next turn of the loop
+REHYDRATING = "rehydrating-"  # epoch value while a rehydration is under way
 NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 FLOOR_BACKOFF_MAX_S = 30.0
 
@@ -55,6 +58,10 @@ class Scheduler:
         self.next_restore = 0.0
         self.floor_retry_at = 0.0
         self.sweep_offset: int | None = None  # folding the whole schedule set after election
+        self.budget_end = 0.0
+        self.rehydration: str | None = None  # our in-progress epoch token
+        self.rehydrate_after: str | None = None
+        self.rehydrate_count = 0
         self.restore_every_s = max(self.beat_s, min(10 * self.beat_s, horizon_s / 4))
         self.floor_ok = True
         self.floor_error = ""
@@ -106,7 +113,15 @@ class Scheduler:
 
     # --- the beat -------------------------------------------------------------------
 
+    def _over_budget(self) -> bool:
+        """True once this tick has used its share of the loop: come back at once."""
+        if time.monotonic() < self.budget_end:
+            return False
+        self.next_tick = 0.0
+        return True
+
     def _tick(self, now: float, floor_work: bool = True) -> None:
+        self.budget_end = time.monotonic() + TICK_BUDGET_S
         fence, fold_len, closed_len, epoch, spill_candidates, server_now = scripts.LEAD(
             self.client,
             [self.keys.leader, self.keys.fold, self.keys.closed, self.keys.epoch,
@@ -126,18 +141,20 @@ class Scheduler:
         self.fence = fence
         if not floor_work:  # the floor is backing off: the lease is renewed, nothing more
             return
-        if not _text(epoch):
-            self._rehydrate(int(server_now))
+        epoch = _text(epoch)
+        rehydrating = not epoch or epoch.startswith(REHYDRATING)
+        if rehydrating and not self._rehydrate(int(server_now), epoch):
+            return
         if int(fold_len):
             self._fold()
-        if int(closed_len):
+        if int(closed_len) and not self._over_budget():
             self._close()
-        if int(spill_candidates):
+        if int(spill_candidates) and not self._over_budget():
             self._spill(int(server_now))
-        if now >= self.next_restore:
+        if now >= self.next_restore and not self._over_budget():
             self._restore_due(int(server_now))
             self.next_restore = now + self.restore_every_s
-        if self.sweep_offset is not None:
+        if self.sweep_offset is not None and not self._over_budget():
             self._sweep()
 
     def _sweep(self) -> None:
@@ -184,7 +201,7 @@ class Scheduler:
             self.floor.upsert(self.queue, rows, self.fence)
             self.client.ltrim(self.keys.fold, len(ids), -1)
             self.folded += len(rows)
-            if len(ids) < BATCH:
+            if len(ids) < BATCH or self._over_budget():
                 return
 
     def _close(self) -> None:
@@ -196,7 +213,7 @@ class Scheduler:
             assert self.fence is not None
             self.closed += self.floor.close_jobs(self.queue, [_text(x) for x in raw], self.fence)
             self.client.ltrim(self.keys.closed, len(raw), -1)
-            if len(raw) < BATCH:
+            if len(raw) < BATCH or self._over_budget():
                 return
 
     def _spill(self, server_now: int) -> None:
@@ -222,7 +239,7 @@ class Scheduler:
                                                for r in rows if r.job_id in set(kept)],
                                   self.fence)
             self.spilled += len(rows) - len(kept)
-            if len(ids) < BATCH or len(kept) == len(ids):
+            if len(ids) < BATCH or len(kept) == len(ids) or self._over_budget():
                 return
 
     def _restore_due(self, server_now: int) -> None:
@@ -233,17 +250,26 @@ class Scheduler:
             count = self.floor.restore_due(self.queue, until, BATCH, self.fence,
                                            self._apply("spilled"))
             self.restored += count
-            if count < BATCH:
+            if count < BATCH or self._over_budget():
                 return
 
-    def _rehydrate(self, server_now: int) -> None:
-        """Valkey lost its data (or this queue is new): restore every open floor row."""
-        restored = 0
-        after: str | None = None
+    def _rehydrate(self, server_now: int, epoch: str) -> bool:
+        """Valkey lost its data (or this queue is new): restore every open floor row.
+
+        Runs over as many ticks as it needs, marking the epoch "rehydrating-<token>"
+        meanwhile; if that mark vanishes (Valkey lost again) or is another replica's,
+        it starts over. Returns True once done.
+        """
+        if self.rehydration is None or epoch != self.rehydration:
+            self.rehydration = REHYDRATING + uuid.uuid4().hex
+            self.rehydrate_after = None
+            self.rehydrate_count = 0
+            self.client.set(self.keys.epoch, self.rehydration)
+            self.client.hset(self.keys.meta, "fold", "1")
         apply = self._apply("all")
         until = server_now + self.clock_offset_ms + self.horizon_ms
         while True:
-            rows = self.floor.open_rows(self.queue, after, BATCH)
+            rows = self.floor.open_rows(self.queue, self.rehydrate_after, BATCH)
             if not rows:
                 break
             due_soon = [r for r in rows if not r.spilled or r.due_ms < until]
@@ -252,16 +278,20 @@ class Scheduler:
             if back:  # in Valkey again: no longer spilled
                 assert self.fence is not None
                 self.floor.upsert(self.queue, back, self.fence)
-            restored += len(due_soon)
-            after = rows[-1].job_id
+            self.rehydrate_count += len(due_soon)
+            self.rehydrate_after = rows[-1].job_id
+            if self._over_budget():
+                return False
         spilled = self.floor.count(self.queue, spilled=True)
         self.client.hset(self.keys.meta, "spilled", spilled)
-        self.client.hset(self.keys.meta, "fold", "1")
-        self.client.set(self.keys.epoch, uuid.uuid4().hex, nx=True)
+        self.client.set(self.keys.epoch, uuid.uuid4().hex)
+        restored = self.rehydrate_count
         self.rehydrated += restored
+        self.rehydration = None
         event(log, "rehydrate", "queue %s: epoch missing; restored %d job(s) from the floor "
               "(%d stay spilled)", self.queue, restored, spilled, queue=self.queue,
               count=restored)
+        return True
 
     def _apply(self, mode: str) -> Callable[[list[FloorRow]], None]:
         def apply(rows: list[FloorRow]) -> None:
