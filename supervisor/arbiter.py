@@ -258,6 +258,12 @@ class Arbiter:
         return [lambda: [sever(s) for s in socks]]  # type: ignore[func-returns-value]
 
     def _on_child_readable(self, child: Child) -> None:
+        self._consume_lines(child)
+        if child.reader.closed:
+            self._unregister_child(child)
+            self._reap_children()
+
+    def _consume_lines(self, child: Child) -> None:
         rt = self.queues[child.queue]
         for line in child.reader.read():
             if line.startswith(protocol.HOLD):
@@ -279,9 +285,6 @@ class Arbiter:
                 child.state = "idle"
                 if not self.stopping:
                     self._poke(rt, child)
-        if child.reader.closed:
-            self._unregister_child(child)
-            self._reap_children()
 
     def _unregister_child(self, child: Child) -> None:
         fd = child.sock.fileno()
@@ -312,6 +315,11 @@ class Arbiter:
     def _on_child_exit(self, child: Child, status: int) -> None:
         rt = self.queues[child.queue]
         slot = self._slot_of(child)
+        # SIGCHLD can be read before the child's last lines: its final HOLD must count.
+        # One read takes all a dead child left (a few short lines); no loop, in case a
+        # grandchild still holds the other end open.
+        if not child.reader.closed:
+            self._consume_lines(child)
         self._unregister_child(child)
         child.sock.close()
         slot.child = None
@@ -381,6 +389,8 @@ class Arbiter:
             self._unregister_child(child)
             slot = self._slot_of(child)
             slot.child = None
+            if not child.reader.closed:
+                self._consume_lines(child)  # its last HOLD may still be in the pipe
             if child.held:
                 self._release(self.queues[child.queue], child.held, mode)
             child.sock.close()
