@@ -10,12 +10,17 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+import sqlalchemy as sa
 
 from supervisor.localredis import LocalRedis, server_binary
+
+PG_ADMIN_URL = os.environ.get(
+    "ECHOMQ_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 
 
 def _container_url() -> Iterator[str]:
@@ -76,3 +81,42 @@ def private_redis() -> Iterator[LocalRedis]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_admin() -> Iterator[sa.Engine]:
+    """An AUTOCOMMIT engine on the admin database; unreachable fails under CI, else skips."""
+    engine = sa.create_engine(
+        PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
+    )
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except sa.exc.OperationalError as exc:
+        engine.dispose()
+        reason = f"PostgreSQL unreachable at {sa.make_url(PG_ADMIN_URL)!r}: {exc.orig}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason + " (set CI to make this a failure)")
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def throwaway_database(pg_admin: sa.Engine) -> Iterator[Callable[[str], str]]:
+    """Make fresh databases (``make(prefix) -> url``), dropped after the test even if a
+    test locked them out."""
+    created: list[str] = []
+
+    def make(prefix: str) -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        with pg_admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        created.append(name)
+        return pg_admin.url.set(database=name).render_as_string(hide_password=False)
+
+    yield make
+    with pg_admin.connect() as conn:
+        for name in created:
+            conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -8,50 +8,18 @@ skip elsewhere.
 
 from __future__ import annotations
 
-import os
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from echomq.floor import Floor
 
-PG_ADMIN_URL = os.environ.get(
-    "ECHOMQ_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
-
-
-@pytest.fixture(scope="session")
-def pg_admin() -> Iterator[sa.Engine]:
-    """An AUTOCOMMIT engine on the admin database, or fail/skip if unreachable."""
-    engine = sa.create_engine(
-        PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
-    )
-    try:
-        with engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
-    except sa.exc.OperationalError as exc:
-        engine.dispose()
-        reason = f"PostgreSQL unreachable at {sa.make_url(PG_ADMIN_URL)!r}: {exc.orig}"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason + " (set CI to make this a failure)")
-    yield engine
-    engine.dispose()
-
 
 @pytest.fixture
-def pg_url(pg_admin: sa.Engine) -> Iterator[str]:
+def pg_url(throwaway_database: Callable[[str], str]) -> str:
     """A URL to a brand-new, empty PostgreSQL database, dropped after the test."""
-    name = f"echomq_test_{uuid.uuid4().hex[:16]}"
-    with pg_admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = pg_admin.url.set(database=name)
-    yield url.render_as_string(hide_password=False)
-    with pg_admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return throwaway_database("echomq_test")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
