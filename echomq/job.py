@@ -87,7 +87,7 @@ class Job:
             started_ms=_int(started) if started else None,
             finished_ms=_int(finished) if finished else None,
             queue=queue,
-            token=h.get("token"),
+            token=h.get("token") or None,
             backoff=h.get("backoff") or "",
         )
 

@@ -33,6 +33,7 @@ local count = tonumber(ARGV[3])
 local out = {}
 local claimed = 0
 local turns = 0
+local token_base = nil  -- one INCRBY reserves the tokens of the whole batch
 while claimed < count and turns < count * 4 do
   turns = turns + 1
   local lane = redis.call('LMOVE', KEYS[1], KEYS[1], 'LEFT', 'RIGHT')
@@ -47,7 +48,8 @@ while claimed < count and turns < count * 4 do
     local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
       'backoff', 'created_ms')
     if f[1] then
-      local token = tostring(redis.call('INCR', KEYS[3]))
+      if not token_base then token_base = redis.call('INCRBY', KEYS[3], count) - count end
+      local token = tostring(token_base + claimed + 1)
       local attempts = tonumber(f[3] or '0') + 1
       redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
         'started_ms', now)

@@ -19,7 +19,7 @@ local expiry = now + tonumber(ARGV[2])
 local out = {}
 for i = 3, #ARGV, 2 do
   local id = ARGV[i]
-  if redis.call('HGET', ARGV[1] .. 'job:' .. id, 'token') == ARGV[i + 1] then
+  if ARGV[i + 1] ~= '' and redis.call('HGET', ARGV[1] .. 'job:' .. id, 'token') == ARGV[i + 1] then
     redis.call('ZADD', KEYS[1], 'XX', expiry, id)
     out[#out + 1] = 1
   else

@@ -32,7 +32,7 @@ local ids = {}
 if #ARGV >= 4 then
   for i = 4, #ARGV, 2 do
     local tok = redis.call('HGET', prefix .. 'job:' .. ARGV[i], 'token')
-    if tok and tok == ARGV[i + 1] then ids[#ids + 1] = ARGV[i] end
+    if tok and tok ~= '' and tok == ARGV[i + 1] then ids[#ids + 1] = ARGV[i] end
   end
 else
   ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))

@@ -10,7 +10,8 @@
         now + retry_ms (state "scheduled", ringing when it becomes the schedule
         head, appended to the fold log when the queue folds); otherwise dead.
     "d" dead at once (an unknown handler, a corrupt payload).
-  A finished job that was ever deferred is appended to the closed log when the
+  A settled job's token is set empty (no token matches it again). A finished
+  job that was ever deferred is appended to the closed log when the
   queue folds, so the floor drops its row. Job hashes are built inside.
 
   Input:
@@ -40,7 +41,7 @@ for i = 0, n - 1 do
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
   local f = redis.call('HMGET', jk, 'token', 'attempts', 'max_attempts', 'deferred')
-  if f[1] ~= ARGV[b + 1] then
+  if f[1] ~= ARGV[b + 1] or ARGV[b + 1] == '' then
     out[i + 1] = 0
   else
     redis.call('ZREM', KEYS[1], id)
@@ -48,8 +49,7 @@ for i = 0, n - 1 do
     if outcome == 'f' and tonumber(f[2] or '0') < tonumber(f[3] or '1') then
       local due = now + tonumber(ARGV[b + 4])
       redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', due, 'error', ARGV[b + 3],
-        'deferred', 1)
-      redis.call('HDEL', jk, 'token')
+        'deferred', 1, 'token', '')
       redis.call('ZADD', KEYS[2], due, id)
       if fold then redis.call('RPUSH', KEYS[8], id) end
       local head = redis.call('ZRANGE', KEYS[2], 0, 0)
@@ -61,15 +61,15 @@ for i = 0, n - 1 do
       if keep_count == 0 or keep_age == 0 then
         redis.call('DEL', jk)
       else
-        redis.call('HSET', jk, 'state', 'completed', 'finished_ms', now, 'result', ARGV[b + 3])
-        redis.call('HDEL', jk, 'token')
+        redis.call('HSET', jk, 'state', 'completed', 'finished_ms', now, 'result', ARGV[b + 3],
+          'token', '')
         redis.call('ZADD', KEYS[4], now, id)
       end
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end
       out[i + 1] = 1
     else
-      redis.call('HSET', jk, 'state', 'dead', 'finished_ms', now, 'error', ARGV[b + 3])
-      redis.call('HDEL', jk, 'token')
+      redis.call('HSET', jk, 'state', 'dead', 'finished_ms', now, 'error', ARGV[b + 3],
+        'token', '')
       redis.call('ZADD', KEYS[3], now, id)
       redis.call('HINCRBY', KEYS[6], 'dead', 1)
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end

@@ -224,3 +224,24 @@ def test_a_delayed_job_is_never_due_early(redis_url: str, queue_name: str,
         job = q.get(q.add("x", delay=0.3))
         assert job is not None and job.due_ms is not None
         assert job.due_ms >= sec * 1000 + usec / 1000 + 300
+
+
+def test_an_empty_token_never_matches_a_settled_job(redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", 1)
+    lanes = _lanes(q)
+    [c] = lanes.claim(1)
+    assert lanes.settle([Outcome(c.id, c.token, "c")]) == [Settled.COMPLETED]
+    assert lanes.settle([Outcome(job_id, "", "c")]) == [Settled.STALE]
+    assert lanes.release([(job_id, "")], "stall") == (0, 0)
+    assert lanes.extend([(job_id, "")]) == [False]
+    job = q.get(job_id)
+    assert job is not None and job.state == "completed" and job.token is None
+
+
+def test_tokens_of_one_batch_are_distinct_and_fresh(redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add_many([("x", i) for i in range(40)])
+    lanes = _lanes(q)
+    tokens = [c.token for _ in range(3) for c in lanes.claim(16)]
+    assert len(tokens) == 40 and len(set(tokens)) == 40
