@@ -13,6 +13,8 @@ import redis.exceptions
 from echomq.errors import ConnectionFailed
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
+# what an unreachable, stalled or restarting server raises: retry later, never crash
+NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 def redact_url(url: str) -> str:

@@ -22,6 +22,8 @@ import redis.exceptions
 
 from echomq import scripts
 from echomq.config import QueueSettings
+from echomq.connection import NETWORK_ERRORS
+from echomq.drain import Drain
 from echomq.job import Claimed
 from echomq.lanes import Lanes, Outcome
 from echomq.queue import Queue
@@ -30,7 +32,6 @@ from echomq.scripts import Settled
 from echomq.wake import Doorbell
 
 log = logging.getLogger("echomq.consumer")
-NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 MAX_RECONNECT_WAIT_S = 5.0
 
 
@@ -69,7 +70,7 @@ class Consumer:
         os.set_blocking(self._stop_w, False)
         self._held: dict[str, str] = {}
         self._held_lock = threading.Lock()
-        self._pending: list[Outcome] = []  # finished but not yet settled (server unreachable)
+        self._drainer = Drain(self.lanes, self.runner, self)
 
     # --- control ---------------------------------------------------------------
 
@@ -113,7 +114,7 @@ class Consumer:
                         next_promote, promoted = self._promote(beat_s)
                         work |= promoted
                     if work or burst:
-                        self._drain()
+                        self._drainer.run()
                         work = False
                     if burst or self._stopping:
                         break
@@ -169,48 +170,25 @@ class Consumer:
         wait = beat_s + 1.0 if next_due < 0 else (next_due - server_now) / 1000
         return time.monotonic() + max(0.0, wait), total > 0
 
-    def _drain(self) -> None:
-        """Claim and run jobs until a claim comes back empty (or stop is asked)."""
-        if self._pending:
-            self._settle(self._pending)
-            self._pending = []
-        batch = self.lanes.claim(1, chain=True)
-        while batch:
-            self._hold(batch)
-            outcomes: list[Outcome] = []
-            for i, claimed in enumerate(batch):
-                if self._stopping:
-                    rest = [(c.id, c.token) for c in batch[i:]]
-                    self.lanes.release(rest, "unstarted")
-                    self._unhold(rest)
-                    break
-                outcomes.append(self.runner.run(claimed))
-                self.processed += 1
-            if self._stopping:
-                self._settle(outcomes)
-                return
-            try:
-                codes, batch = self.lanes.settle_and_claim(outcomes, self.runner.batch_size())
-            except NETWORK_ERRORS:
-                self._pending = outcomes
-                raise
-            self._after_settle(outcomes, codes)
+    # --- drain hooks ---------------------------------------------------------------
 
-    def _settle(self, outcomes: Sequence[Outcome]) -> None:
-        try:
-            codes = self.lanes.settle(outcomes)
-        except NETWORK_ERRORS:
-            self._pending = list(outcomes)
-            raise
-        self._after_settle(outcomes, codes)
+    def stop_requested(self) -> bool:
+        return self._stopping
 
-    def _after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
+    def batch_size(self) -> int:
+        return self.runner.batch_size()
+
+    def on_batch(self, batch: Sequence[Claimed]) -> None:
+        self._hold(batch)
+
+    def on_start(self, claimed: Claimed) -> None:
+        self.processed += 1
+
+    def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
+        self._unhold(pairs)
+
+    def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
         self._unhold([(o.job_id, o.token) for o in outcomes])
-        for o, code in zip(outcomes, codes, strict=True):
-            if code is Settled.STALE:
-                log.warning("queue %s: job %s settled with a stale lease token (its lease "
-                            "expired and it was handed out again); result not recorded",
-                            self.queue.name, o.job_id)
 
     # --- leases in hand ------------------------------------------------------------
 

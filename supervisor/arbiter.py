@@ -17,12 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-import redis.exceptions
-
 from echomq import scripts
 from echomq.config import QueueSettings
-from echomq.connection import client_from_url, redact_url
+from echomq.connection import NETWORK_ERRORS, client_from_url, redact_url
 from echomq.keys import Keys
 from supervisor import protocol
 from supervisor.children import Child, fork_child, sever_client
@@ -31,10 +28,9 @@ from supervisor.logs import event
 from supervisor.metronome import Metronome
 from supervisor.recycle import over_memory
 from supervisor.settings import QueueSpec, Settings
-from supervisor.signals import SignalPipe
+from supervisor.signals import SignalPipe, sever
 
 log = logging.getLogger("echomq.supervisor")
-NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 CRASH_BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 30.0  # a child that lived this long was not crash-looping
 RECYCLE_CHECK_S = 5.0
@@ -240,7 +236,7 @@ class Arbiter:
     # --- children ---------------------------------------------------------------------
 
     def _spawn(self, rt: QueueRuntime, slot: Slot) -> None:
-        forget = [*self.forget_in_child, *(self._sibling_forgetters())]
+        forget = [*self.forget_in_child, self._sibling_forgetter()]
         child = fork_child(rt.spec.name, slot.index, self.settings.redis_url, rt.settings,
                            rt.handler, self.settings.max_jobs, forget, self.settings.floor_url)
         slot.child = child
@@ -251,11 +247,15 @@ class Arbiter:
         event(log, "spawn", "queue %s: consumer %d started", rt.spec.name, child.pid,
               queue=rt.spec.name, pid=child.pid)
 
-    def _sibling_forgetters(self) -> list[Callable[[], None]]:
-        from supervisor.signals import sever
-
+    def _sibling_forgetter(self) -> Callable[[], None]:
+        """Drop the pipe ends of every child alive now (so a dead child's EOF arrives)."""
         socks = [c.sock for c in self.pids.values()]
-        return [lambda: [sever(s) for s in socks]]  # type: ignore[func-returns-value]
+
+        def forget() -> None:
+            for sock in socks:
+                sever(sock)
+
+        return forget
 
     def _on_child_readable(self, child: Child) -> None:
         self._consume_lines(child)
@@ -462,8 +462,6 @@ class Arbiter:
             rt.metronome.registered_fd = None
 
     def _forget_doorbell(self, rt: QueueRuntime) -> None:
-        from supervisor.signals import sever
-
         sever(getattr(rt.metronome.doorbell.conn, "_sock", None))
         rt.metronome.doorbell.conn._sock = None
 

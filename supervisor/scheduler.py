@@ -22,6 +22,7 @@ import redis
 import redis.exceptions
 
 from echomq import scripts
+from echomq.connection import NETWORK_ERRORS
 from echomq.errors import FloorError, StaleFence
 from echomq.floor import Floor, FloorRow
 from echomq.keys import Keys
@@ -31,7 +32,6 @@ log = logging.getLogger("echomq.scheduler")
 BATCH = 1000
 TICK_BUDGET_S = 0.1  # floor work per tick; the rest continues on the next turn of the loop
 REHYDRATING = "rehydrating-"  # epoch value while a rehydration is under way
-NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 FLOOR_BACKOFF_MAX_S = 30.0
 
 

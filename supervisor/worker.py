@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-import redis.exceptions
-
 from echomq import scripts
 from echomq.config import QueueSettings
-from echomq.connection import client_from_url
+from echomq.connection import NETWORK_ERRORS, client_from_url
+from echomq.drain import Drain
 from echomq.errors import FloorError
 from echomq.floor.writethrough import write_through
+from echomq.job import Claimed
 from echomq.keys import Keys
 from echomq.lanes import Lanes, Outcome
 from echomq.runner import Runner
@@ -30,7 +30,6 @@ from echomq.scripts import Settled
 from supervisor import protocol
 
 log = logging.getLogger("echomq.worker")
-NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 class Worker:
@@ -50,7 +49,8 @@ class Worker:
         self.jobs_run = 0
         self.report_jobs = 0
         self.report_wait_us = 0
-        self.pending: list[Outcome] = []
+        self.drain = Drain(self.lanes, self.runner, self)
+        self.claimed_at = 0.0
         self.floor: Any = None
         if floor_url and settings.durability == "sync":
             from echomq.floor import Floor
@@ -88,44 +88,29 @@ class Worker:
 
     def _drain_safely(self) -> None:
         try:
-            self._drain()
+            self.drain.run()
         except NETWORK_ERRORS as exc:
             # the metronome reconnects and pokes again once the server answers
             log.warning("queue %s: server unreachable while draining: %s", self.queue, exc)
 
-    def _drain(self) -> None:
-        if self.pending:
-            self.lanes.settle(self.pending)
-            self.pending = []
-        batch = self.lanes.claim(1, chain=True)
-        while batch:
-            claimed_at = time.perf_counter()
-            self._send(protocol.hold_line([(c.id, c.token) for c in batch]))
-            outcomes: list[Outcome] = []
-            for i, claimed in enumerate(batch):
-                if self.stopping or self._recycle_due():
-                    self.lanes.release([(c.id, c.token) for c in batch[i:]], "unstarted")
-                    break
-                self.report_wait_us += int((time.perf_counter() - claimed_at) * 1e6)
-                outcomes.append(self.runner.run(claimed))
-                self.jobs_run += 1
-                self.report_jobs += 1
-            if self.stopping or self._recycle_due():
-                self._settle(outcomes)
-                return
-            try:
-                codes, batch = self.lanes.settle_and_claim(outcomes, self._batch_size())
-            except NETWORK_ERRORS:
-                self.pending = outcomes
-                raise
-            self._write_retries(outcomes, codes)
+    # --- drain hooks ---------------------------------------------------------------
 
-    def _settle(self, outcomes: Sequence[Outcome]) -> None:
-        try:
-            codes = self.lanes.settle(outcomes)
-        except NETWORK_ERRORS:
-            self.pending = list(outcomes)
-            raise
+    def stop_requested(self) -> bool:
+        return self.stopping or self._recycle_due()
+
+    def on_batch(self, batch: Sequence[Claimed]) -> None:
+        self.claimed_at = time.perf_counter()
+        self._send(protocol.hold_line([(c.id, c.token) for c in batch]))
+
+    def on_start(self, claimed: Claimed) -> None:
+        self.report_wait_us += int((time.perf_counter() - self.claimed_at) * 1e6)
+        self.jobs_run += 1
+        self.report_jobs += 1
+
+    def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Nothing to do: the next HOLD or IDLE line replaces what the parent knows."""
+
+    def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
         self._write_retries(outcomes, codes)
 
     def _write_retries(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
@@ -142,7 +127,7 @@ class Worker:
             log.warning("queue %s: sync write of %d retries failed: %s", self.queue,
                         len(retries), exc)
 
-    def _batch_size(self) -> int:
+    def batch_size(self) -> int:
         size = self.runner.batch_size()
         if self.max_jobs is not None:
             size = max(1, min(size, self.max_jobs - self.jobs_run))

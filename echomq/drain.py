@@ -1,0 +1,97 @@
+"""The drain: claim and run jobs until a claim comes back empty.
+
+Shared by the standalone Consumer and the supervisor's forked consumers; each
+supplies a small set of hooks (what to do with a claimed batch, when to stop,
+what follows a settle). A batch's outcomes are settled together with the next
+claim in one round trip; outcomes that could not be settled because the server
+was unreachable are kept and settled first on the next drain.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from echomq.connection import NETWORK_ERRORS
+from echomq.job import Claimed
+from echomq.lanes import Lanes, Outcome
+from echomq.runner import Runner
+from echomq.scripts import Settled
+
+log = logging.getLogger("echomq.drain")
+
+
+class DrainHooks(Protocol):
+    def stop_requested(self) -> bool:
+        """True to finish the job in hand and hand back the rest of the batch."""
+
+    def batch_size(self) -> int:
+        """How many jobs the next claim may take."""
+
+    def on_batch(self, batch: Sequence[Claimed]) -> None:
+        """A batch was leased (say so to whoever extends or releases leases)."""
+
+    def on_start(self, claimed: Claimed) -> None:
+        """A job is about to run."""
+
+    def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Jobs of the batch were handed back without running."""
+
+    def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
+        """Outcomes were settled (stale tokens are already logged)."""
+
+
+class Drain:
+    """One queue's claim → run → settle loop, driven by :meth:`run`."""
+
+    def __init__(self, lanes: Lanes, runner: Runner, hooks: DrainHooks) -> None:
+        self.lanes = lanes
+        self.runner = runner
+        self.hooks = hooks
+        self.pending: list[Outcome] = []
+
+    def run(self) -> None:
+        """Drain until a claim is empty or a stop is requested. Network errors propagate,
+        with the unsettled outcomes kept for the next call."""
+        if self.pending:
+            self.settle(self.pending)
+        batch = self.lanes.claim(1, chain=True)
+        while batch:
+            self.hooks.on_batch(batch)
+            outcomes: list[Outcome] = []
+            for i, claimed in enumerate(batch):
+                if self.hooks.stop_requested():
+                    rest = [(c.id, c.token) for c in batch[i:]]
+                    self.lanes.release(rest, "unstarted")
+                    self.hooks.on_unstarted(rest)
+                    break
+                self.hooks.on_start(claimed)
+                outcomes.append(self.runner.run(claimed))
+            if self.hooks.stop_requested():
+                self.settle(outcomes)
+                return
+            try:
+                codes, batch = self.lanes.settle_and_claim(outcomes, self.hooks.batch_size())
+            except NETWORK_ERRORS:
+                self.pending = outcomes
+                raise
+            self._settled(outcomes, codes)
+
+    def settle(self, outcomes: Sequence[Outcome]) -> None:
+        """Settle without claiming more (keeps them pending if the server is unreachable)."""
+        try:
+            codes = self.lanes.settle(outcomes)
+        except NETWORK_ERRORS:
+            self.pending = list(outcomes)
+            raise
+        self.pending = []
+        self._settled(outcomes, codes)
+
+    def _settled(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
+        for o, code in zip(outcomes, codes, strict=True):
+            if code is Settled.STALE:
+                log.warning("queue %s: job %s settled with a stale lease token (its lease "
+                            "expired and it was handed out again); result not recorded",
+                            self.lanes.keys.queue, o.job_id)
+        self.hooks.after_settle(outcomes, codes)
