@@ -28,7 +28,7 @@ REPO = BENCH_DIR.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from supervisor.localredis import LocalRedis  # noqa: E402
+from echomq.supervisor.localredis import LocalRedis  # noqa: E402
 
 LAT_KEY = "bench:lat"  # handlers.record pushes one latency (seconds) per job here
 
@@ -141,7 +141,7 @@ def _descendants(pid: int) -> list[Any]:
 def supervisor_argv(url: str, queue: str, handler: str, processes: int, *,
                     beat_ms: int | None = None, extra: Sequence[str] = ()) -> list[str]:
     exe = Path(sys.executable).parent / "echomq-supervisor"
-    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "supervisor.cli"]
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "echomq.supervisor.cli"]
     argv = [*base, "start", "--redis-url", url, "--queue", queue, "--handler", handler,
             "--processes", str(processes), "--log-level", "WARNING"]
     if beat_ms is not None:

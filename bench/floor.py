@@ -20,10 +20,10 @@ import uuid
 import redis
 import sqlalchemy as sa
 from benchlib import private_redis
+from echomq.supervisor.scheduler import Scheduler
 
 import echomq
 from echomq.floor import Floor
-from supervisor.scheduler import Scheduler
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 

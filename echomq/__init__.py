@@ -20,6 +20,7 @@ from echomq.errors import (
     HandlerNotFound,
     InvalidName,
     InvalidSchedule,
+    MissingExtra,
     PayloadError,
     StaleLease,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "HandlerNotFound",
     "InvalidName",
     "InvalidSchedule",
+    "MissingExtra",
     "Job",
     "Lanes",
     "Outcome",

@@ -49,3 +49,7 @@ class FloorSchemaError(FloorError):
 
 class StaleFence(FloorError):
     """A floor write carried a leader fence older than the one stored: another scheduler leads."""
+
+
+class MissingExtra(EchoMQError, ImportError):
+    """A feature's optional dependencies are not installed; the message names the extra."""

@@ -1,4 +1,8 @@
-"""Start a supervisor, admit a mixed workload, watch it drain, then stop with SIGTERM."""
+"""Start a supervisor, admit a mixed workload, watch it drain, then stop with SIGTERM.
+
+Uses the server at ECHOMQ_REDIS_URL; when that is not set, starts a private
+Valkey (the ``[valkey]`` extra's binary) on a free port and stops it at the end.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,18 @@ import threading
 import time
 import uuid
 
+from echomq.supervisor.localredis import LocalRedis
+
 import echomq
 
 queue = f"demo-{uuid.uuid4().hex[:6]}"
+server = None
+if not os.environ.get("ECHOMQ_REDIS_URL"):
+    server = LocalRedis().start()
+    os.environ["ECHOMQ_REDIS_URL"] = server.url
+    print(f"started a private {os.path.basename(server.binary)} at {server.url}", flush=True)
 url = os.environ["ECHOMQ_REDIS_URL"]
-sup = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "start", "--queue", queue,
+sup = subprocess.Popen([sys.executable, "-m", "echomq.supervisor.cli", "start", "--queue", queue,
                         "--handler", "examples.tasks:handle", "--processes", "2",
                         "--beat-ms", "200"])
 q = echomq.Queue(queue, redis_url=url)
@@ -30,4 +41,7 @@ while q.counts()["completed"] < 5300 and time.monotonic() - start < 60:
 sup.send_signal(signal.SIGTERM)
 code = sup.wait(30)
 print(f"done: {q.stats()}; supervisor exited with {code}")
-sys.exit(0 if q.counts()["completed"] == 5300 and code == 0 else 1)
+ok = q.counts()["completed"] == 5300 and code == 0
+if server is not None:
+    server.stop()
+sys.exit(0 if ok else 1)

@@ -17,18 +17,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from echomq.supervisor import protocol
+from echomq.supervisor.children import Child, fork_child, sever_client
+from echomq.supervisor.handlers import import_handler
+from echomq.supervisor.logs import event
+from echomq.supervisor.metronome import Metronome
+from echomq.supervisor.recycle import over_memory
+from echomq.supervisor.settings import QueueSpec, Settings
+from echomq.supervisor.signals import SignalPipe, sever
+
 from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import NETWORK_ERRORS, client_from_url, redact_url
 from echomq.keys import Keys
-from supervisor import protocol
-from supervisor.children import Child, fork_child, sever_client
-from supervisor.handlers import import_handler
-from supervisor.logs import event
-from supervisor.metronome import Metronome
-from supervisor.recycle import over_memory
-from supervisor.settings import QueueSpec, Settings
-from supervisor.signals import SignalPipe, sever
 
 log = logging.getLogger("echomq.supervisor")
 CRASH_BACKOFF_MAX_S = 30.0

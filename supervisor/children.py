@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from echomq.supervisor import protocol
+from echomq.supervisor.signals import sever
+from echomq.supervisor.worker import run_child
 
 from echomq.config import QueueSettings
-from supervisor import protocol
-from supervisor.signals import sever
-from supervisor.worker import run_child
 
 
 @dataclass

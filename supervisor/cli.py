@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from echomq.errors import ConfigError, EchoMQError, FloorError, FloorSchemaError, HandlerNotFound
-from supervisor import logs
-from supervisor.settings import (
+from echomq.supervisor import logs
+from echomq.supervisor.settings import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_REDIS_URL,
     DEFAULT_SPILL_HORIZON_S,
@@ -23,6 +22,8 @@ from supervisor.settings import (
     env_value,
     parse_bool,
 )
+
+from echomq.errors import ConfigError, EchoMQError, FloorError, FloorSchemaError, HandlerNotFound
 
 EXIT_USAGE = 2
 
@@ -155,8 +156,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from supervisor.arbiter import Arbiter
-    from supervisor.health import Health
+    from echomq.supervisor.arbiter import Arbiter
+    from echomq.supervisor.health import Health
 
     settings = settings_from_args(args)
     logs.setup(settings.log_json, settings.log_level)
@@ -165,7 +166,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     floor = _open_floor(settings.floor_url) if settings.floor_url else None
     factory = None
     if floor is not None:
-        from supervisor.scheduler import make_factory
+        from echomq.supervisor.scheduler import make_factory
 
         factory = make_factory(settings, floor)
     arbiter = Arbiter(settings, floor=floor, scheduler_factory=factory)
@@ -217,7 +218,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from supervisor.drill import main as drill_main
+    from echomq.supervisor.drill import main as drill_main
 
     return drill_main(args)
 

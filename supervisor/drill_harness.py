@@ -1,6 +1,6 @@
 """The drills' harness: a private server, a floor, real supervisors, a producer, a ledger.
 
-``supervisor.drill`` holds the scenarios; this module holds what they share. A
+``echomq.supervisor.drill`` holds the scenarios; this module holds what they share. A
 :class:`Harness` starts its own redis-server (:class:`LocalRedis`), migrates the
 floor, starts ``echomq-supervisor start`` subprocesses with the drill handler,
 runs a paced producer thread, waits for progress and for the queue to settle,
@@ -35,14 +35,14 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from echomq.supervisor.drill_handler import LEDGER_ENV, NOTIFY_ENV, open_ledger
+from echomq.supervisor.localredis import LocalRedis
 
 from echomq.errors import EchoMQError, FloorError
 from echomq.queue import Queue
-from supervisor.drill_handler import LEDGER_ENV, NOTIFY_ENV, open_ledger
-from supervisor.localredis import LocalRedis
 
-CLI = [sys.executable, "-m", "supervisor.cli"]
-HANDLER = "supervisor.drill_handler:handle"
+CLI = [sys.executable, "-m", "echomq.supervisor.cli"]
+HANDLER = "echomq.supervisor.drill_handler:handle"
 BEAT_MS = 200
 LEASE_MS = 2000
 DRAIN_S = 10.0

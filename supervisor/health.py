@@ -14,13 +14,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import redis
+from echomq.supervisor.recycle import own_figures, rss_bytes
+from echomq.supervisor.signals import sever
 
 from echomq import scripts
 from echomq.connection import client_from_url
 from echomq.job import STATES
 from echomq.keys import Keys
-from supervisor.recycle import own_figures, rss_bytes
-from supervisor.signals import sever
 
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 

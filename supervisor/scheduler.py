@@ -20,13 +20,13 @@ from typing import Any
 
 import redis
 import redis.exceptions
+from echomq.supervisor.logs import event
 
 from echomq import scripts
 from echomq.connection import NETWORK_ERRORS
 from echomq.errors import FloorError, StaleFence
 from echomq.floor import Floor, FloorRow
 from echomq.keys import Keys
-from supervisor.logs import event
 
 log = logging.getLogger("echomq.scheduler")
 BATCH = 1000

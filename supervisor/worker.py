@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
+from echomq.supervisor import protocol
+
 from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import NETWORK_ERRORS, client_from_url
@@ -27,7 +29,6 @@ from echomq.keys import Keys
 from echomq.lanes import Lanes, Outcome
 from echomq.runner import Runner
 from echomq.scripts import Settled
-from supervisor import protocol
 
 log = logging.getLogger("echomq.worker")
 

@@ -1,8 +1,9 @@
-"""Shared fixtures: a private redis-server for the session, unique queue names per test.
+"""Shared fixtures: a private server for the session, unique queue names per test.
 
-ECHOMQ_TEST_REDIS_URL points the suite at an existing server instead. Without
-a redis-server/valkey-server binary, a testcontainers Valkey is used when a
-Docker engine answers.
+The server is the embedded Valkey by default; ECHOMQ_SERVER_BINARY=redis runs
+the suite on redis-server instead (CI runs it on both). ECHOMQ_TEST_REDIS_URL
+points the suite at an existing server. Without any binary, a testcontainers
+Valkey is used when a Docker engine answers.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 import sqlalchemy as sa
-
-from supervisor.localredis import LocalRedis, server_binary
+from echomq.supervisor.localredis import LocalRedis, server_binary
 
 PG_ADMIN_URL = os.environ.get(
     "ECHOMQ_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -39,6 +39,11 @@ def _container_url() -> Iterator[str]:
         yield f"redis://{container.get_container_host_ip()}:{container.get_exposed_port(6379)}/0"
     finally:
         container.stop()
+
+
+def pytest_report_header() -> str:
+    url = os.environ.get("ECHOMQ_TEST_REDIS_URL")
+    return f"echomq server: {url or server_binary() or 'testcontainers'}"
 
 
 @pytest.fixture(scope="session")

@@ -99,7 +99,7 @@ class Floor:
         """The newest revision among the migrations shipped with this package."""
         head = ScriptDirectory.from_config(self._alembic_config()).get_current_head()
         if head is None:
-            raise FloorError("no floor migrations found in the installed 'migrations' package")
+            raise FloorError("no floor migrations in the installed 'echomq.migrations' package")
         return head
 
     def check_at_head(self) -> None:
@@ -332,8 +332,8 @@ class Floor:
 
 
 def _script_location() -> str:
-    """The installed ``migrations`` package, found as package data (works from a wheel)."""
-    path = Path(str(files("migrations")))
+    """The installed ``echomq.migrations`` package, found as package data (works from a wheel)."""
+    path = Path(str(files("echomq.migrations")))
     if not (path / "env.py").is_file():
         raise FloorError(f"floor migrations not found: {path / 'env.py'} is missing")
     return str(path)

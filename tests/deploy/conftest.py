@@ -45,10 +45,10 @@ klite = _load_renderer()
 
 def _env_var_table() -> dict[str, str]:
     try:
-        from supervisor.settings import ENV_VARS
+        from echomq.supervisor.settings import ENV_VARS
     except ImportError:  # the package is not installed: read it from the checkout
         sys.path.insert(0, str(REPO))
-        from supervisor.settings import ENV_VARS
+        from echomq.supervisor.settings import ENV_VARS
     return dict(ENV_VARS)
 
 
@@ -123,7 +123,7 @@ class Rendered:
 
 @pytest.fixture(scope="session")
 def env_vars() -> dict[str, str]:
-    """supervisor.settings.ENV_VARS: flag name -> ECHOMQ_* variable."""
+    """echomq.supervisor.settings.ENV_VARS: flag name -> ECHOMQ_* variable."""
     return _env_var_table()
 
 

@@ -6,8 +6,7 @@ import os
 from collections.abc import Callable
 
 import pytest
-
-from supervisor.localredis import server_binary
+from echomq.supervisor.localredis import server_binary
 
 
 @pytest.fixture(autouse=True)

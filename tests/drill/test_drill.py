@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from echomq.supervisor import drill_handler
+from echomq.supervisor.drill import SCENARIOS, assess, run_scenario, table
+from echomq.supervisor.drill_harness import JobPlan, Observation
 
 from echomq.job import Job
-from supervisor import drill_handler
-from supervisor.drill import SCENARIOS, assess, run_scenario, table
-from supervisor.drill_harness import JobPlan, Observation
 
 JOBS = 200
 PROCESSES = 2
@@ -59,7 +59,7 @@ def test_drill_on_postgresql(scenario: str, pg_floor_url: str) -> None:
 
 def test_cli_prints_json_and_exits_zero() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "drill", "rolling-restart", "--jobs", "60",
+        [sys.executable, "-m", "echomq.supervisor.cli", "drill", "rolling-restart", "--jobs", "60",
          "--processes", "2", "--report", "json"],
         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -69,8 +69,10 @@ def test_cli_prints_json_and_exits_zero() -> None:
 
 
 def test_cli_rejects_an_unknown_scenario() -> None:
-    done = subprocess.run([sys.executable, "-m", "supervisor.cli", "drill", "kill-everything"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "echomq.supervisor.cli", "drill", "kill-everything"],
+        capture_output=True, text=True, timeout=60,
+    )
     assert done.returncode == 2
     assert "unknown scenario 'kill-everything'" in done.stderr
 

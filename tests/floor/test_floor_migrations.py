@@ -81,7 +81,7 @@ def test_check_at_head_hides_the_password(pg_url: str) -> None:
 def test_migrations_ship_as_package_data(floor: Floor) -> None:
     from importlib.resources import files
 
-    root = files("migrations")
+    root = files("echomq.migrations")
     assert root.joinpath("env.py").is_file()
     assert root.joinpath("script.py.mako").is_file()
     assert root.joinpath("versions", "0001_floor.py").is_file()

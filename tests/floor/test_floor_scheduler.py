@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 import sqlalchemy as sa
+from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.scheduler import Scheduler
 
 import echomq
 from echomq.floor import Floor
 from echomq.lanes import Lanes, Outcome
-from supervisor.localredis import LocalRedis
-from supervisor.scheduler import Scheduler
 
 HOUR_MS = 3_600_000
 

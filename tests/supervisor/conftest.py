@@ -16,7 +16,7 @@ import pytest
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
-CLI = [sys.executable, "-m", "supervisor.cli"]
+CLI = [sys.executable, "-m", "echomq.supervisor.cli"]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import psutil
 import redis
+from echomq.supervisor.localredis import LocalRedis, free_port
 
 import echomq
-from supervisor.localredis import LocalRedis, free_port
 
 from .conftest import CLI, ROOT, Supervisor, wait_until
 
