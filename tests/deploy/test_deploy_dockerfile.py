@@ -232,9 +232,18 @@ def _wheel_inputs() -> list[str]:
     readme = project["project"].get("readme")
     if isinstance(readme, str):
         needed.append(readme)
+    package_dir = project["tool"]["setuptools"].get("package-dir", {})
+
+    def folder(package: str) -> str:
+        """The source folder of a package, following package-dir (longest prefix wins)."""
+        for prefix in sorted(package_dir, key=len, reverse=True):
+            if package == prefix or package.startswith(prefix + "."):
+                return package_dir[prefix] + package[len(prefix):].replace(".", "/")
+        return package.replace(".", "/")
+
     for package in project["tool"]["setuptools"]["packages"]:
-        directory = REPO / package.replace(".", "/")
-        needed.append(f"{package.replace('.', '/')}/__init__.py")
+        directory = REPO / folder(package)
+        needed.append(f"{folder(package)}/__init__.py")
         if directory.is_dir():
             needed += [
                 str(path.relative_to(REPO))
@@ -243,7 +252,7 @@ def _wheel_inputs() -> list[str]:
             ]
     for package, globs in project["tool"]["setuptools"].get("package-data", {}).items():
         for pattern in globs:
-            needed.append(f"{package.replace('.', '/')}/{pattern.replace('*', 'x')}")
+            needed.append(f"{folder(package)}/{pattern.replace('*', 'x')}")
     return needed
 
 
