@@ -109,16 +109,18 @@ def test_multi_stage_on_python_311_slim(stages: list[Stage]) -> None:
         assert stage.image == "python:3.11-slim", stage.image
 
 
-def test_build_stage_makes_wheels_with_the_postgres_extra(stages: list[Stage]) -> None:
+def test_build_stage_makes_wheels_with_the_supervisor_and_postgres_extras(
+    stages: list[Stage],
+) -> None:
     runs = " ".join(rest for stage in stages[:-1] for rest in stage.args("RUN"))
-    assert re.search(r"pip wheel\b.*\.\[postgres\]", runs), runs
+    assert re.search(r"pip wheel\b.*\.\[supervisor,postgres\]", runs), runs
 
 
 def test_runtime_installs_the_wheels_offline(final: Stage) -> None:
     runs = " ".join(final.args("RUN"))
     assert "pip install" in runs
     assert "--no-index" in runs, "the runtime stage must not reach an index"
-    assert "echomq[postgres]" in runs
+    assert "echomq[supervisor,postgres]" in runs
 
 
 def test_runtime_has_no_build_tools_or_source(final: Stage) -> None:
