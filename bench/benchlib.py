@@ -28,7 +28,26 @@ REPO = BENCH_DIR.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from echomq.supervisor.localredis import LocalRedis  # noqa: E402
+
+
+def _load_localredis() -> Any:
+    """echomq.supervisor.localredis; in the peers' virtualenvs (no EchoMQ installed), the
+    same file loaded by path: it needs only the standard library."""
+    try:
+        from echomq.supervisor import localredis
+        return localredis
+    except ImportError:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "echomq_bench_localredis", REPO / "supervisor" / "localredis.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+
+LocalRedis = _load_localredis().LocalRedis
 
 LAT_KEY = "bench:lat"  # handlers.record pushes one latency (seconds) per job here
 
