@@ -33,14 +33,28 @@ def test_admit_is_idempotent_on_job_id(redis_url: str, queue_name: str, r: redis
     assert q.counts() == {"waiting": 1, "scheduled": 0, "active": 0, "completed": 0, "dead": 0}
 
 
+class CountingConnection(redis.Connection):
+    """A real connection that counts the requests it writes (one per round trip)."""
+
+    sent = 0
+
+    def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        CountingConnection.sent += 1
+        super().send_packed_command(command, check_health)  # type: ignore[arg-type]
+
+
 def test_add_many_one_round_trip_and_mixed(redis_url: str, queue_name: str) -> None:
-    q = echomq.Queue(queue_name, redis_url=redis_url)
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
+    q = echomq.Queue(queue_name, redis=redis.Redis(connection_pool=pool))
+    q.add("warm", None)  # loads the scripts
+    CountingConnection.sent = 0
     ids = q.add_many([("a", {"n": i}) for i in range(1200)]
                      + [("b", {"n": 1}, {"delay": 60, "lane": "x"}),
                         {"name": "c", "payload": [1, 2], "job_id": "fixed-c"}])
+    assert CountingConnection.sent == 1, "add_many took more than one round trip"
     assert len(ids) == 1202 and len(set(ids)) == 1202
     assert ids[-1] == "fixed-c"
-    assert q.counts()["waiting"] == 1201
+    assert q.counts()["waiting"] == 1202  # with the warm-up job
     assert q.counts()["scheduled"] == 1
 
 
