@@ -5,10 +5,10 @@
     .venv/bin/python bench/peers/run.py --systems echomq,rq --workloads drain,pickup
 
 1. Virtualenvs: ``bench/.peers-venv`` gets RQ, SAQ, Celery[redis], Dramatiq[redis], huey
-   (and gevent), streaq, taskiq-redis and the ``bullmq`` package (plus matplotlib for the chart); arq pins ``redis<6`` while
-   Celery/kombu and bullmq need ``redis>=6.4``, so arq gets its own, nested at
-   ``bench/.peers-venv/arq``. A package that cannot be installed is reported, not fatal.
-   EchoMQ runs from the repository's ``.venv``.
+   (and gevent), streaq, taskiq-redis and the ``bullmq`` package (plus matplotlib for the
+   chart); arq pins ``redis<6`` while Celery/kombu and bullmq need ``redis>=6.4``, so arq
+   gets its own, nested at ``bench/.peers-venv/arq``. A package that cannot be installed
+   is reported, not fatal. EchoMQ runs from the repository's ``.venv``.
 2. One private redis-server (``LocalRedis``), never the shared one; its raw limits
    (``redis-benchmark``) and a redis-py PING loop.
 3. For each run, each system, each workload: ``driver.py`` in that system's virtualenv,
