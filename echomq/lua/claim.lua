@@ -14,7 +14,7 @@
   Input:
     KEYS[1] ring    list of lanes with waiting jobs
     KEYS[2] leases  zset of active job ids by lease expiry (ms)
-    KEYS[3] tokens  lease token counter
+    KEYS[3] tokens  lease token counter (seeded from the server clock in us when missing)
     KEYS[4] wake    the doorbell list
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] lease_ms
@@ -48,8 +48,13 @@ while claimed < count and turns < count * 4 do
     local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
       'backoff', 'created_ms')
     if f[1] then
-      if not token_base then token_base = redis.call('INCRBY', KEYS[3], count) - count end
-      local token = tostring(token_base + claimed + 1)
+      if not token_base then
+        -- a missing counter (a new queue, or Valkey lost its data) starts at the server time
+        -- in us, past every token issued before: a stale holder never matches a new claim
+        redis.call('SET', KEYS[3], t[1] .. string.format('%06d', tonumber(t[2])), 'NX')
+        token_base = redis.call('INCRBY', KEYS[3], count) - count
+      end
+      local token = string.format('%d', token_base + claimed + 1)
       local attempts = tonumber(f[3] or '0') + 1
       redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
         'started_ms', now)

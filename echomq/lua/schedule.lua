@@ -18,7 +18,9 @@
               backoff, due (">=0": absolute ms; "-<d>": d ms from now)
 
   Output:
-    an array of n integers: 1 scheduled, 0 already existed
+    an array of n integers: 1 scheduled, 0 already existed;
+    an error reply "invalid due time", changing nothing, when a due time is not an
+    integer or would fall after 10^14 - 1 ms (it could not be stored as integer text)
 ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -26,6 +28,15 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local exact = t[1] * 1000 + t[2] / 1000
 local prefix = ARGV[1]
 local n = tonumber(ARGV[2])
+local max_due = 99999999999999
+for i = 0, n - 1 do
+  local raw = ARGV[3 + i * 8 + 7]
+  local due = tonumber(raw)
+  if not due or due ~= due or due ~= math.floor(due) or due > max_due
+      or (due < 0 and exact - due > max_due) then
+    return redis.error_reply('ERR invalid due time ' .. raw .. ' for job ' .. ARGV[3 + i * 8])
+  end
+end
 local fold = redis.call('HGET', KEYS[3], 'fold') == '1'
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local head_due = head[2] and tonumber(head[2]) or nil
