@@ -54,8 +54,8 @@ class LuaScript:
         pipe.evalsha(self.sha, self.num_keys, *keys, *args)
 
 
-ADMIT = LuaScript("admit", 2)
-SCHEDULE = LuaScript("schedule", 4)
+ADMIT = LuaScript("admit", 3)
+SCHEDULE = LuaScript("schedule", 5)
 CLAIM = LuaScript("claim", 4)
 SETTLE = LuaScript("settle", 9)
 EXTEND = LuaScript("extend", 1)
@@ -63,11 +63,12 @@ REAP = LuaScript("reap", 7)
 PROMOTE = LuaScript("promote", 3)
 COUNTS = LuaScript("counts", 6)
 RETRY_DEAD = LuaScript("retry_dead", 3)
-LEAD = LuaScript("lead", 5)
+LEAD = LuaScript("lead", 6)
 SPILL = LuaScript("spill", 2)
 RESTORE = LuaScript("restore", 3)
+BURY = LuaScript("bury", 4)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE)
+       RESTORE, BURY)
 
 
 def load_all(client: redis.Redis) -> None:
@@ -98,11 +99,11 @@ def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
 # --- typed wrappers: keys are chosen here, once ---------------------------------
 
 def admit_keys(k: Keys) -> list[str]:
-    return [k.ring, k.wake]
+    return [k.ring, k.wake, k.spilled]
 
 
 def schedule_keys(k: Keys) -> list[str]:
-    return [k.schedule, k.wake, k.meta, k.fold]
+    return [k.schedule, k.wake, k.meta, k.fold, k.spilled]
 
 
 def claim_keys(k: Keys) -> list[str]:
@@ -155,7 +156,7 @@ def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str
 
 
 def counts(client: redis.Redis, k: Keys) -> list[int]:
-    keys = [k.ring, k.schedule, k.leases, k.dead, k.stats, k.meta]
+    keys = [k.ring, k.schedule, k.leases, k.dead, k.stats, k.spilled]
     return [int(x) for x in COUNTS(client, keys, [k.prefix])]
 
 

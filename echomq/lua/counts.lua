@@ -8,7 +8,7 @@
 
   Input:
     KEYS[1] ring  KEYS[2] schedule  KEYS[3] leases  KEYS[4] dead  KEYS[5] stats
-    KEYS[6] meta
+    KEYS[6] spilled  set of ids held by the floor alone
     ARGV[1] key prefix "emq:{q}:"
 
   Output:
@@ -21,6 +21,6 @@ for _, lane in ipairs(lanes) do
   waiting = waiting + redis.call('LLEN', prefix .. 'lane:' .. lane)
 end
 local s = redis.call('HMGET', KEYS[5], 'completed', 'retried')
-local spilled = tonumber(redis.call('HGET', KEYS[6], 'spilled') or '0')
+local spilled = redis.call('SCARD', KEYS[6])
 return { waiting, redis.call('ZCARD', KEYS[2]) + spilled, redis.call('ZCARD', KEYS[3]),
   tonumber(s[1] or '0'), redis.call('ZCARD', KEYS[4]), tonumber(s[2] or '0'), spilled, #lanes }

@@ -27,7 +27,8 @@ local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
 local mode = ARGV[3]
-local fold = redis.call('HGET', KEYS[6], 'fold') == '1'
+-- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
+local fold = (tonumber(redis.call('HGET', KEYS[6], 'fold') or '') or 0) >= now
 local ids = {}
 if #ARGV >= 4 then
   for i = 4, #ARGV, 2 do

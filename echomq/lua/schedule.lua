@@ -1,9 +1,9 @@
 --[[
   schedule: write deferred jobs and add them to the schedule set by due time.
 
-  Idempotent per job id, like admit. Due time is the server clock plus the
+  Idempotent per job id, like admit (a spilled id is taken too). Due time is the server clock plus the
   delay, or an absolute time when one is given. When the queue folds onto a
-  floor (meta field "fold" = "1"), each new id is appended to the fold log.
+  floor (meta field "fold", a lease expiry in ms, not yet passed), each new id is appended to the fold log.
   Rings the doorbell only when a new job became the schedule's head, so a
   parked metronome re-computes its wait; otherwise nobody needs waking.
 
@@ -12,6 +12,7 @@
     KEYS[2] wake      the doorbell list
     KEYS[3] meta      queue settings hash
     KEYS[4] fold      list of ids not yet written to the floor
+    KEYS[5] spilled   set of ids held by the floor alone
     ARGV[1] key prefix "emq:{q}:"  (job hashes are built from it)
     ARGV[2] n, the number of jobs
     ARGV[3..] per job, 8 values: id, name, payload, lane, max_attempts, max_stalls,
@@ -37,7 +38,8 @@ for i = 0, n - 1 do
     return redis.error_reply('ERR invalid due time ' .. raw .. ' for job ' .. ARGV[3 + i * 8])
   end
 end
-local fold = redis.call('HGET', KEYS[3], 'fold') == '1'
+-- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
+local fold = (tonumber(redis.call('HGET', KEYS[3], 'fold') or '') or 0) >= now
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local head_due = head[2] and tonumber(head[2]) or nil
 local new_head = false
@@ -46,7 +48,7 @@ for i = 0, n - 1 do
   local b = 3 + i * 8
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
-  if redis.call('EXISTS', jk) == 1 then
+  if redis.call('EXISTS', jk) == 1 or redis.call('SISMEMBER', KEYS[5], id) == 1 then
     out[i + 1] = 0
   else
     local due = tonumber(ARGV[b + 7])

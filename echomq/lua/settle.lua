@@ -32,7 +32,8 @@ local prefix = ARGV[1]
 local keep_count = tonumber(ARGV[2])
 local keep_age = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local fold = redis.call('HGET', KEYS[7], 'fold') == '1'
+-- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
+local fold = (tonumber(redis.call('HGET', KEYS[7], 'fold') or '') or 0) >= now
 local out = {}
 local completed = 0
 local rang = false
