@@ -146,8 +146,8 @@ class Arbiter:
         try:
             scripts.load_all(self.client)
             durability = rt.settings.durability or "volatile"
-            self.client.hset(Keys(rt.spec.name).meta, mapping={
-                "fold": "1" if durability != "volatile" else "0", "durability": durability})
+            # "fold" is the scheduler's lease (lead.lua), not set here
+            self.client.hset(Keys(rt.spec.name).meta, mapping={"durability": durability})
         except NETWORK_ERRORS as exc:
             self._queue_down(rt, time.monotonic(), exc)
 

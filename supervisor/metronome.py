@@ -20,6 +20,7 @@ from echomq.keys import Keys
 from echomq.wake import Doorbell
 
 SAFETY_BEATS = 30  # promote at least this often (in beats) while idle
+PROMOTE_SLICE = 10  # promote calls per turn of the loop; a larger backlog takes more turns
 
 
 class Metronome:
@@ -68,11 +69,15 @@ class Metronome:
     def _promote(self, now: float, disarmed: bool) -> bool:
         batch = self.settings.pump_batch
         total = 0
-        while True:
+        for _ in range(PROMOTE_SLICE):
             promoted, next_due, server_now = scripts.promote(self.client, self.keys, batch)
             total += promoted
             if promoted < batch:
                 break
+        else:  # more is due: come back on the next turn, after signals, pipes and leases
+            self.promoted += total
+            self.next_promote = now
+            return True
         self.promoted += total
         limit = self.beat_s if disarmed else self.beat_s * SAFETY_BEATS
         wait = limit if next_due < 0 else min(limit, (next_due - server_now) / 1000)
