@@ -161,8 +161,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     logs.setup(settings.log_json, settings.log_level)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # handlers are usually modules of the working directory
+    _handler_import_path()
     floor = _open_floor(settings.floor_url) if settings.floor_url else None
     factory = None
     if floor is not None:
@@ -181,6 +180,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     finally:
         if health is not None:
             health.stop()
+
+
+def _handler_import_path() -> None:
+    """Handlers import as an installed app's modules do: installed packages and PYTHONPATH
+    first. The working directory (which ``python -m`` puts first) comes last, so a file
+    there never shadows an installed module."""
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)] + [cwd]
 
 
 def _open_floor(url: str) -> Any:

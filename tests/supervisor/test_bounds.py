@@ -3,9 +3,12 @@ connections and their time."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import redis
 from echomq.supervisor.health import Health
@@ -15,7 +18,7 @@ from echomq.supervisor.metronome import Metronome
 import echomq
 from echomq.config import QueueSettings
 
-from .conftest import wait_until
+from .conftest import CLI, ROOT, wait_until
 
 
 def test_promote_of_a_large_due_backlog_yields_to_the_loop_between_slices(
@@ -62,3 +65,26 @@ def test_half_sent_requests_do_not_hold_health_threads_forever(redis_url: str) -
             s.close()
     finally:
         health.stop()
+
+
+def test_start_does_not_let_the_working_directory_shadow_installed_modules(
+        redis_url: str, queue_name: str, tmp_path: Path) -> None:
+    installed, cwd = tmp_path / "site", tmp_path / "cwd"
+    installed.mkdir()
+    cwd.mkdir()
+    (installed / "emq_shadowed.py").write_text("def run(job):\n    return 'installed'\n")
+    (cwd / "emq_shadowed.py").write_text("raise ImportError('the copy in the working directory')\n")
+    env = {**os.environ, "PYTHONPATH": f"{installed}{os.pathsep}{ROOT}"}
+    proc = subprocess.Popen([*CLI, "start", "--redis-url", redis_url, "--queue", queue_name,
+                             "--handler", "emq_shadowed:run"], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        q = echomq.Queue(queue_name, redis_url=redis_url)
+        job_id = q.add("x", {})
+        wait_until(lambda: proc.poll() is not None
+                   or getattr(q.get(job_id), "state", "") == "completed", 20, "the job")
+        assert proc.poll() is None, proc.communicate()[0]
+        assert q.get(job_id).result == "installed"  # type: ignore[union-attr]
+    finally:
+        proc.terminate()
+        proc.wait(30)
