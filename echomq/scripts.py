@@ -54,15 +54,15 @@ class LuaScript:
         pipe.evalsha(self.sha, self.num_keys, *keys, *args)
 
 
-ADMIT = LuaScript("admit", 3)
+ADMIT = LuaScript("admit", 4)
 SCHEDULE = LuaScript("schedule", 5)
-CLAIM = LuaScript("claim", 4)
+CLAIM = LuaScript("claim", 5)
 SETTLE = LuaScript("settle", 9)
 EXTEND = LuaScript("extend", 1)
 REAP = LuaScript("reap", 7)
-PROMOTE = LuaScript("promote", 3)
+PROMOTE = LuaScript("promote", 4)
 COUNTS = LuaScript("counts", 6)
-RETRY_DEAD = LuaScript("retry_dead", 3)
+RETRY_DEAD = LuaScript("retry_dead", 4)
 LEAD = LuaScript("lead", 6)
 SPILL = LuaScript("spill", 2)
 RESTORE = LuaScript("restore", 3)
@@ -99,7 +99,7 @@ def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
 # --- typed wrappers: keys are chosen here, once ---------------------------------
 
 def admit_keys(k: Keys) -> list[str]:
-    return [k.ring, k.wake, k.spilled]
+    return [k.ring, k.wake, k.spilled, k.stats]
 
 
 def schedule_keys(k: Keys) -> list[str]:
@@ -107,7 +107,7 @@ def schedule_keys(k: Keys) -> list[str]:
 
 
 def claim_keys(k: Keys) -> list[str]:
-    return [k.ring, k.leases, k.tokens, k.wake]
+    return [k.ring, k.leases, k.tokens, k.wake, k.stats]
 
 
 def settle_keys(k: Keys) -> list[str]:
@@ -120,7 +120,8 @@ def reap_keys(k: Keys) -> list[str]:
 
 def promote(client: redis.Redis, k: Keys, batch: int) -> tuple[int, int, int]:
     """Promote due jobs: (promoted, next due ms or -1, server now ms)."""
-    promoted, next_due, now = PROMOTE(client, [k.schedule, k.ring, k.wake], [k.prefix, batch])
+    promoted, next_due, now = PROMOTE(client, [k.schedule, k.ring, k.wake, k.stats],
+                                       [k.prefix, batch])
     return int(promoted), int(next_due), int(now)
 
 
@@ -155,10 +156,12 @@ def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str
     return [bool(x) for x in EXTEND(client, [k.leases], args)]
 
 
-def counts(client: redis.Redis, k: Keys) -> list[int]:
+def counts(client: redis.Redis, k: Keys, *, fast: bool = False) -> list[int]:
+    """{waiting, scheduled, active, completed, dead, retried, spilled, lanes}. ``fast``:
+    waiting from the counter the scripts keep, O(1) at any number of lanes."""
     keys = [k.ring, k.schedule, k.leases, k.dead, k.stats, k.spilled]
-    return [int(x) for x in COUNTS(client, keys, [k.prefix])]
+    return [int(x) for x in COUNTS(client, keys, [k.prefix, "fast" if fast else ""])]
 
 
 def retry_dead(client: redis.Redis, k: Keys, ids: Sequence[str], limit: int) -> int:
-    return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake], [k.prefix, limit, *ids]))
+    return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake, k.stats], [k.prefix, limit, *ids]))

@@ -147,7 +147,7 @@ class Health:
         reachable = 1.0
         for name in snap["queues"]:
             try:
-                values = scripts.counts(self.client, Keys(name))
+                values = scripts.counts(self.client, Keys(name), fast=True)
             except redis.exceptions.RedisError:
                 reachable = 0.0
                 continue

@@ -10,6 +10,7 @@
     KEYS[1] ring   list of lanes with waiting jobs
     KEYS[2] wake   the doorbell list
     KEYS[3] spilled  set of ids held by the floor alone
+    KEYS[4] stats    counters (field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"  (job hashes and lane lists are built from it)
     ARGV[2] n, the number of jobs
     ARGV[3..] per job, 7 values: id, name, payload, lane, max_attempts, max_stalls, backoff
@@ -42,6 +43,9 @@ for i = 0, n - 1 do
   end
 end
 if admitted then
+  local added = 0
+  for i = 1, n do added = added + out[i] end
+  redis.call('HINCRBY', KEYS[4], 'waiting', added)
   redis.call('LPUSH', KEYS[2], '1')
   redis.call('LTRIM', KEYS[2], 0, 63)
 end

@@ -16,6 +16,7 @@
     KEYS[2] leases  zset of active job ids by lease expiry (ms)
     KEYS[3] tokens  lease token counter (seeded from the server clock in us when missing)
     KEYS[4] wake    the doorbell list
+    KEYS[5] stats   counters (field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] lease_ms
     ARGV[3] count, the most jobs to claim
@@ -34,6 +35,7 @@ local out = {}
 local claimed = 0
 local turns = 0
 local token_base = nil  -- one INCRBY reserves the tokens of the whole batch
+local popped = 0
 while claimed < count and turns < count * 4 do
   turns = turns + 1
   local lane = redis.call('LMOVE', KEYS[1], KEYS[1], 'LEFT', 'RIGHT')
@@ -44,6 +46,7 @@ while claimed < count and turns < count * 4 do
     redis.call('LREM', KEYS[1], -1, lane)
   end
   if id then
+    popped = popped + 1
     local jk = prefix .. 'job:' .. id
     local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
       'backoff', 'created_ms')
@@ -73,6 +76,7 @@ while claimed < count and turns < count * 4 do
     end
   end
 end
+if popped > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', -popped) end
 if ARGV[4] == '1' and claimed > 0 and redis.call('LLEN', KEYS[1]) > 0 then
   redis.call('LPUSH', KEYS[4], '1')
   redis.call('LTRIM', KEYS[4], 0, 63)

@@ -15,6 +15,7 @@
   Input:
     KEYS[1] leases  KEYS[2] ring  KEYS[3] wake  KEYS[4] dead  KEYS[5] stats
     KEYS[6] meta    KEYS[7] closed
+    (stats field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] limit
     ARGV[3] mode: "stall", "requeue" or "unstarted"
@@ -67,6 +68,7 @@ for _, id in ipairs(ids) do
   end
 end
 if requeued > 0 then
+  redis.call('HINCRBY', KEYS[5], 'waiting', requeued)
   redis.call('LPUSH', KEYS[3], '1')
   redis.call('LTRIM', KEYS[3], 0, 63)
 end

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 from echomq.supervisor.health import Health
-from echomq.supervisor.localredis import free_port
+from echomq.supervisor.localredis import LocalRedis, free_port
 from echomq.supervisor.metronome import Metronome
 
 import echomq
@@ -88,3 +88,46 @@ def test_start_does_not_let_the_working_directory_shadow_installed_modules(
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def _calls(client: redis.Redis, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_metrics_scrape_does_not_walk_every_lane(private_redis: LocalRedis) -> None:
+    client = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue("wide", redis=client)
+    q.add_many([("x", {}, {"lane": f"lane-{i}"}) for i in range(2000)])
+    snap = {"last_loop": time.monotonic(), "stopping": False, "queues": {"wide": {
+        "children": 0, "busy": 0, "restarts": 0, "claim_wait_us": 0, "claim_jobs": 0,
+        "rings": 0, "promoted": 0, "reaped": 0, "pids": [], "scheduler": None}}}
+    health = Health("127.0.0.1", free_port(), private_redis.url, lambda: snap, 10.0)
+    before = _calls(client, "llen")
+    text = health.metrics()
+    assert _calls(client, "llen") - before < 10, "a scrape ran LLEN per lane"
+    assert 'echomq_queue_jobs{queue="wide",state="waiting"} 2000.0' in text
+    health.server.server_close()
+
+
+def test_kept_waiting_counter_agrees_with_the_lanes(redis_url: str, queue_name: str) -> None:
+    from echomq import scripts
+    from echomq.lanes import Lanes, Outcome
+
+    q = echomq.Queue(queue_name, redis_url=redis_url, max_attempts=1)
+    q.add_many([("x", {}, {"lane": f"l{i % 7}"}) for i in range(100)])
+    q.add_many([("d", {}, {"delay": 0.001}) for _ in range(30)])
+    q.add("dup", {}, job_id="dup")
+    q.add("dup", {}, job_id="dup")
+    lanes = Lanes(q.redis, q.keys, q.settings)
+    claimed = lanes.claim(40)
+    lanes.settle([Outcome(c.id, c.token, "f", "boom") for c in claimed[:10]])
+    lanes.release([(c.id, c.token) for c in claimed[10:20]], "stall")
+    lanes.release([(c.id, c.token) for c in claimed[20:25]], "unstarted")
+    q.redis.delete(q.keys.job(q.redis.lindex(q.keys.lane("l3"), 0).decode()))  # a torn id
+    wait_until(lambda: scripts.promote(q.redis, q.keys, 100)[0] == 0
+               and q.redis.zcard(q.keys.schedule) == 0, 5, "the deferred jobs to promote")
+    q.retry_dead()
+    lanes.claim(16)
+    exact = scripts.counts(q.redis, q.keys)
+    assert scripts.counts(q.redis, q.keys, fast=True) == exact
+    assert exact[0] > 0
