@@ -188,19 +188,34 @@ class Queue:
         now = [s for s in specs if s[2] is None]
         later = [s for s in specs if s[2] is not None]
         calls: list[tuple[scripts.LuaScript, list[str], list[Any]]] = []
-        for i in range(0, len(now), ADMIT_BATCH):
-            chunk = now[i:i + ADMIT_BATCH]
+        for chunk in self._chunks(now):
             args: list[Any] = [self.keys.prefix, len(chunk)]
             for _, a, _ in chunk:
                 args += a
             calls.append((scripts.ADMIT, scripts.admit_keys(self.keys), args))
-        for i in range(0, len(later), ADMIT_BATCH):
-            chunk = later[i:i + ADMIT_BATCH]
+        for chunk in self._chunks(later):
             args = [self.keys.prefix, len(chunk)]
             for _, a, due in chunk:
                 args += [*a, due]
             calls.append((scripts.SCHEDULE, scripts.schedule_keys(self.keys), args))
         return calls
+
+    def _chunks(self, specs: Sequence[tuple[str, list[Any], int | None]]
+                ) -> list[Sequence[tuple[str, list[Any], int | None]]]:
+        """Script calls of at most ADMIT_BATCH jobs and ``admit_call_bytes`` of payload
+        (one job over the bound still goes, alone)."""
+        chunks: list[Sequence[tuple[str, list[Any], int | None]]] = []
+        start = size = 0
+        for i, spec in enumerate(specs):
+            n = len(spec[1][2].encode())  # the encoded payload; validated as UTF-8 already
+            if i > start and (i - start >= ADMIT_BATCH
+                              or size + n > self.settings.admit_call_bytes):
+                chunks.append(specs[start:i])
+                start, size = i, 0
+            size += n
+        if start < len(specs):
+            chunks.append(specs[start:])
+        return chunks
 
     # --- reading ------------------------------------------------------------
 

@@ -67,8 +67,9 @@ LEAD = LuaScript("lead", 6)
 SPILL = LuaScript("spill", 2)
 RESTORE = LuaScript("restore", 3)
 BURY = LuaScript("bury", 4)
+TRIM_DEAD = LuaScript("trim_dead", 2)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE, BURY)
+       RESTORE, BURY, TRIM_DEAD)
 
 
 def load_all(client: redis.Redis) -> None:
@@ -154,6 +155,12 @@ def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str
     for job_id, token in held:
         args += [job_id, token]
     return [bool(x) for x in EXTEND(client, [k.leases], args)]
+
+
+def trim_dead(client: redis.Redis, k: Keys, keep_count: int, keep_age_ms: int,
+              limit: int = 1000) -> int:
+    """Drop dead jobs beyond the retention (-1: no limit); returns how many."""
+    return int(TRIM_DEAD(client, [k.dead, k.stats], [k.prefix, keep_count, keep_age_ms, limit]))
 
 
 def counts(client: redis.Redis, k: Keys, *, fast: bool = False) -> list[int]:

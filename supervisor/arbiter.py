@@ -558,6 +558,7 @@ class Arbiter:
                 "rings": rt.metronome.rings,
                 "promoted": rt.metronome.promoted,
                 "reaped": rt.metronome.reaped,
+                "dead_trimmed": rt.metronome.dead_trimmed,
                 "pids": [c.pid for c in children],
                 "scheduler": rt.scheduler.snapshot() if rt.scheduler is not None else None,
             }

@@ -180,6 +180,9 @@ class Health:
                [({"queue": n}, float(v["promoted"])) for n, v in q.items()])
         metric("echomq_reaped_total", "counter", "Expired leases reaped by this supervisor",
                [({"queue": n}, float(v["reaped"])) for n, v in q.items()])
+        metric("echomq_dead_trimmed_total", "counter",
+               "Dead jobs dropped by retention (keep_dead / keep_dead_s) by this supervisor",
+               [({"queue": n}, float(v.get("dead_trimmed", 0))) for n, v in q.items()])
         child_rss = [({"queue": n}, float(sum(rss_bytes(p) or 0 for p in v["pids"])))
                      for n, v in q.items()]
         metric("echomq_consumer_rss_bytes", "gauge", "Summed RSS of the consumer processes",
@@ -192,6 +195,17 @@ class Health:
                    [({"queue": n}, float(s.get("folded", 0))) for n, s in sched])
             metric("echomq_floor_backlog", "gauge", "Jobs waiting to be folded",
                    [({"queue": n}, float(s.get("backlog", 0))) for n, s in sched])
+            metric("echomq_floor_closed_backlog", "gauge", "Finished jobs whose rows wait to close",
+                   [({"queue": n}, float(s.get("closed_backlog", 0))) for n, s in sched])
+            metric("echomq_floor_backlog_dropped_total", "counter",
+                   "Log entries dropped over the bound (recovered by a sweep)",
+                   [({"queue": n}, float(s.get("backlog_dropped", 0))) for n, s in sched])
+            metric("echomq_floor_orphans_closed_total", "counter",
+                   "Floor rows of finished jobs closed by the orphan pass",
+                   [({"queue": n}, float(s.get("orphans_closed", 0))) for n, s in sched])
+            metric("echomq_floor_set_aside_total", "counter",
+                   "Malformed jobs or floor rows set aside as dead",
+                   [({"queue": n}, float(s.get("buried", 0))) for n, s in sched])
         own = own_figures()
         metric("echomq_supervisor_rss_bytes", "gauge", "Supervisor RSS", [({}, own["rss_bytes"])])
         metric("echomq_supervisor_cpu_seconds_total", "counter", "Supervisor CPU time",

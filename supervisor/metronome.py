@@ -21,6 +21,7 @@ from echomq.wake import Doorbell
 
 SAFETY_BEATS = 30  # promote at least this often (in beats) while idle
 PROMOTE_SLICE = 10  # promote calls per turn of the loop; a larger backlog takes more turns
+TRIM_LIMIT = 1000  # dead jobs dropped per call; more wait for the next turn
 
 
 class Metronome:
@@ -36,6 +37,8 @@ class Metronome:
         self.doorbell = Doorbell(client, self.keys.wake, self.beat_s)
         self.next_promote = 0.0  # monotonic deadlines: 0 = now
         self.next_reap = 0.0
+        self.next_trim = 0.0
+        self.dead_trimmed = 0
         self.registered_fd: int | None = None
         self.rings = 0
         self.promoted = 0
@@ -60,7 +63,19 @@ class Metronome:
             found |= self._promote(now, disarmed)
         if now >= self.next_reap:
             found |= self._reap(now)
+        if now >= self.next_trim:
+            self._trim_dead(now)
         return found
+
+    def _trim_dead(self, now: float) -> None:
+        """Dead-job retention (keep_dead / keep_dead_s), every few beats."""
+        keep_count, keep_age = self.settings.dead_retention_args
+        if keep_count < 0 and keep_age < 0:
+            self.next_trim = float("inf")
+            return
+        dropped = scripts.trim_dead(self.client, self.keys, keep_count, keep_age, TRIM_LIMIT)
+        self.dead_trimmed += dropped
+        self.next_trim = now if dropped == TRIM_LIMIT else now + self.beat_s * SAFETY_BEATS
 
     def saw_work(self, now: float) -> None:
         """Consumers will claim now: leases taken can expire one lease period from now."""

@@ -232,3 +232,16 @@ def test_leader_election_does_not_resweep_the_schedule_set(
     _tick(sched2)
     _tick(sched2)
     assert sched2.fence is not None and sched2.folded == 0, "the election re-swept everything"
+
+
+def test_fold_log_is_bounded_while_the_floor_is_down(floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("bound", redis=client)
+    sched = _scheduler(client, floor, "bound", max_backlog=100)
+    _tick(sched)
+    sched.floor_retry_at = float("inf")  # the floor is backing off: leadership only
+    ids = q.add_many([("d", {"i": i}, {"delay": 600}) for i in range(300)])
+    sched.tick(0.0)
+    assert client.llen(q.keys.fold) == 0 and sched.snapshot()["backlog_dropped"] == 300
+    _tick(sched)  # the floor answers again: the schedule set is swept instead
+    assert set(_rows(floor, "bound")) == set(ids)

@@ -131,3 +131,39 @@ def test_kept_waiting_counter_agrees_with_the_lanes(redis_url: str, queue_name: 
     exact = scripts.counts(q.redis, q.keys)
     assert scripts.counts(q.redis, q.keys, fast=True) == exact
     assert exact[0] > 0
+
+
+def test_dead_jobs_are_trimmed_to_the_retention(redis_url: str, queue_name: str) -> None:
+    from echomq.lanes import Lanes, Outcome
+
+    q = echomq.Queue(queue_name, redis_url=redis_url, keep_dead=5, keep_dead_s=None)
+    ids = q.add_many([("x", {"blob": "x" * 1000}) for _ in range(20)])
+    lanes = Lanes(q.redis, q.keys, q.settings)
+    def server_ms() -> int:
+        sec, us = q.redis.time()
+        return int(sec) * 1000 + int(us) // 1000
+
+    for _ in range(2):  # the first ten die a few ms before the others
+        died = server_ms()
+        lanes.settle([Outcome(c.id, c.token, "d", "bad input") for c in lanes.claim(10)])
+        wait_until(lambda: server_ms() > died + 2, 5, "the server clock to move on")
+    metronome = Metronome(queue_name, q.redis, q.settings)
+    metronome.pump(time.monotonic(), disarmed=True)
+    kept = [j.id for j in q.dead()]
+    assert len(kept) == 5 and set(kept) <= set(ids[10:])
+    assert sum(q.redis.exists(q.keys.job(i)) for i in ids) == 5  # hashes dropped too
+    assert metronome.dead_trimmed == 15
+    aged = echomq.Queue(queue_name, redis_url=redis_url, keep_dead=None, keep_dead_s=0)
+    Metronome(queue_name, q.redis, aged.settings).pump(time.monotonic(), disarmed=True)
+    assert q.counts()["dead"] == 0
+
+
+def test_add_many_bounds_the_bytes_of_one_script_call(private_redis: LocalRedis) -> None:
+    client = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue("big", redis=client, admit_call_bytes=4 * 1024 * 1024)
+    before = _calls(client, "evalsha")
+    ids = q.add_many([("x", "y" * 512 * 1000) for _ in range(40)]
+                     + [("d", "z" * 512 * 1000, {"delay": 60}) for _ in range(10)])
+    calls = _calls(client, "evalsha") - before
+    assert calls >= 5 + 2, f"20 MB + 5 MB admitted in {calls} script call(s)"
+    assert q.counts()["waiting"] == 40 and q.counts()["scheduled"] == 10 and len(set(ids)) == 50
