@@ -245,3 +245,19 @@ def test_fold_log_is_bounded_while_the_floor_is_down(floor: Floor, server: Local
     assert client.llen(q.keys.fold) == 0 and sched.snapshot()["backlog_dropped"] == 300
     _tick(sched)  # the floor answers again: the schedule set is swept instead
     assert set(_rows(floor, "bound")) == set(ids)
+
+
+def test_clock_offset_variable_does_not_move_a_production_scheduler(
+        floor: Floor, server: LocalRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from echomq.supervisor.scheduler import make_factory
+    from echomq.supervisor.settings import QueueSpec, Settings
+
+    monkeypatch.setenv("ECHOMQ_CLOCK_OFFSET_MS", str(2 * HOUR_MS))
+    settings = Settings(redis_url=server.url, queues=(QueueSpec("clock", "m:f"),),
+                        floor_url="sqlite:///unused.db")
+    rt = SimpleNamespace(spec=settings.queues[0],
+                         metronome=SimpleNamespace(client=redis.Redis.from_url(server.url)))
+    sched = make_factory(settings, floor)(rt)
+    assert sched is not None and sched.clock_offset_ms == 0

@@ -146,7 +146,7 @@ def test_dead_jobs_are_trimmed_to_the_retention(redis_url: str, queue_name: str)
     for _ in range(2):  # the first ten die a few ms before the others
         died = server_ms()
         lanes.settle([Outcome(c.id, c.token, "d", "bad input") for c in lanes.claim(10)])
-        wait_until(lambda: server_ms() > died + 2, 5, "the server clock to move on")
+        wait_until(lambda d=died: server_ms() > d + 2, 5, "the server clock to move on")
     metronome = Metronome(queue_name, q.redis, q.settings)
     metronome.pump(time.monotonic(), disarmed=True)
     kept = [j.id for j in q.dead()]
