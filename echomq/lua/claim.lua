@@ -58,7 +58,7 @@ while claimed < count and turns < count * 4 do
         token_base = redis.call('INCRBY', KEYS[3], count) - count
       end
       local token = string.format('%d', token_base + claimed + 1)
-      local attempts = tonumber(f[3] or '0') + 1
+      local attempts = (tonumber(f[3]) or 0) + 1  -- a malformed count reads as none
       redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
         'started_ms', now)
       redis.call('ZADD', KEYS[2], expiry, id)

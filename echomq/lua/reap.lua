@@ -46,9 +46,9 @@ for _, id in ipairs(ids) do
   local jk = prefix .. 'job:' .. id
   local f = redis.call('HMGET', jk, 'lane', 'stalls', 'max_stalls', 'deferred')
   if f[1] then
-    local stalls = tonumber(f[2] or '0')
+    local stalls = tonumber(f[2]) or 0  -- malformed counts read as missing ones
     if mode == 'stall' then stalls = stalls + 1 end
-    if mode == 'stall' and stalls > tonumber(f[3] or '1') then
+    if mode == 'stall' and stalls > (tonumber(f[3]) or 1) then
       redis.call('HSET', jk, 'state', 'dead', 'stalls', stalls, 'finished_ms', now,
         'error', 'stalled ' .. stalls .. ' times: the lease expired or the process running it died')
       redis.call('HDEL', jk, 'token')

@@ -47,7 +47,7 @@ for i = 0, n - 1 do
   else
     redis.call('ZREM', KEYS[1], id)
     local outcome = ARGV[b + 2]
-    if outcome == 'f' and tonumber(f[2] or '0') < tonumber(f[3] or '1') then
+    if outcome == 'f' and (tonumber(f[2]) or 0) < (tonumber(f[3]) or 1) then
       local due = now + math.min(tonumber(ARGV[b + 4]) or 0, 3155760000000)  -- <= 100 years
       redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', due, 'error', ARGV[b + 3],
         'deferred', 1, 'token', '')

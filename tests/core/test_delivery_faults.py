@@ -152,3 +152,18 @@ def test_claims_of_a_thread_race_get_distinct_tokens(redis_url: str, queue_name:
     for t in threads:
         t.join(30)
     assert len(got) == 200 and len(set(got)) == 200
+
+
+def test_malformed_counters_in_a_job_hash_do_not_break_claim_settle_or_reap(
+        redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url, max_attempts=1)
+    ids = q.add_many([("x", i) for i in range(3)])
+    for job_id in ids:  # as a hand-edited floor row or an older version could leave them
+        q.redis.hset(q.keys.job(job_id), mapping={"attempts": "x", "max_attempts": "1.5e",
+                                                  "stalls": "?", "max_stalls": ""})
+    lanes = Lanes(q.redis, q.keys, q.settings)
+    a, b, c = lanes.claim(3)
+    assert a.attempts == 1
+    assert lanes.settle([Outcome(a.id, a.token, "f", "boom")]) == [Settled.DEAD]
+    assert lanes.release([(b.id, b.token)], "stall") == (1, 0)  # max_stalls read as 1
+    assert lanes.settle([Outcome(c.id, c.token, "c")]) == [Settled.COMPLETED]
