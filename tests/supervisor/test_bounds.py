@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -18,7 +19,9 @@ from echomq.supervisor.metronome import Metronome
 import echomq
 from echomq.config import QueueSettings
 
-from .conftest import CLI, ROOT, wait_until
+from .conftest import CLI, ROOT, Supervisor, wait_until
+
+Start = Callable[..., Supervisor]
 
 
 def test_promote_of_a_large_due_backlog_yields_to_the_loop_between_slices(
@@ -167,3 +170,16 @@ def test_add_many_bounds_the_bytes_of_one_script_call(private_redis: LocalRedis)
     calls = _calls(client, "evalsha") - before
     assert calls >= 5 + 2, f"20 MB + 5 MB admitted in {calls} script call(s)"
     assert q.counts()["waiting"] == 40 and q.counts()["scheduled"] == 10 and len(set(ids)) == 50
+
+
+def test_supervisor_trims_dead_jobs_to_keep_dead(
+        supervisor: Start, redis_url: str, queue_name: str) -> None:
+    from echomq.lanes import Lanes, Outcome
+
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add_many([("x", {}) for _ in range(10)])
+    lanes = Lanes(q.redis, q.keys, q.settings)
+    lanes.settle([Outcome(c.id, c.token, "d", "bad input") for c in lanes.claim(10)])
+    assert q.counts()["dead"] == 10
+    supervisor(redis_url, queue_name, "--processes", "1", "--keep-dead", "3").started(1)
+    wait_until(lambda: q.counts()["dead"] == 3, 15, "the dead set trimmed to 3")
