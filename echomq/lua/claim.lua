@@ -14,7 +14,7 @@
   Input:
     KEYS[1] ring    list of lanes with waiting jobs
     KEYS[2] leases  zset of active job ids by lease expiry (ms)
-    KEYS[3] tokens  lease token counter (seeded from the server clock in us when missing)
+    KEYS[3] tokens  lease token counter (kept at or past the server clock in us)
     KEYS[4] wake    the doorbell list
     KEYS[5] stats   counters (field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"
@@ -52,10 +52,15 @@ while claimed < count and turns < count * 4 do
       'backoff', 'created_ms')
     if f[1] then
       if not token_base then
-        -- a missing counter (a new queue, or Valkey lost its data) starts at the server time
-        -- in us, past every token issued before: a stale holder never matches a new claim
-        redis.call('SET', KEYS[3], t[1] .. string.format('%06d', tonumber(t[2])), 'NX')
+        -- tokens never fall behind the server clock in us, so a counter that restarts
+        -- (Valkey lost its data, or came back from an older snapshot) still issues
+        -- tokens past every one issued before: a stale holder never matches a new claim
+        local now_us = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
         token_base = redis.call('INCRBY', KEYS[3], count) - count
+        if token_base < now_us then
+          token_base = now_us
+          redis.call('SET', KEYS[3], string.format('%d', now_us + count))
+        end
       end
       local token = string.format('%d', token_base + claimed + 1)
       local attempts = (tonumber(f[3]) or 0) + 1  -- a malformed count reads as none

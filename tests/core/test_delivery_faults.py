@@ -167,3 +167,22 @@ def test_malformed_counters_in_a_job_hash_do_not_break_claim_settle_or_reap(
     assert lanes.settle([Outcome(a.id, a.token, "f", "boom")]) == [Settled.DEAD]
     assert lanes.release([(b.id, b.token)], "stall") == (1, 0)  # max_stalls read as 1
     assert lanes.settle([Outcome(c.id, c.token, "c")]) == [Settled.COMPLETED]
+
+
+def test_lease_tokens_do_not_repeat_when_valkey_comes_back_from_an_older_snapshot(
+        private_redis: LocalRedis) -> None:
+    client = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue("rollback", redis=client)
+    q.add_many([("x", i, {"job_id": f"j{i}"}) for i in range(3)])
+    lanes = Lanes(client, q.keys, q.settings)
+    lanes.settle([Outcome(c.id, c.token, "c") for c in lanes.claim(1)])
+    client.save()  # the snapshot the server will come back from
+    [held] = lanes.claim(1)  # a consumer holds this token when the server dies
+    private_redis.kill()
+    private_redis.start()
+    client = redis.Redis.from_url(private_redis.url)
+    lanes = Lanes(client, q.keys, q.settings)
+    [again] = lanes.claim(1)
+    assert again.id == held.id  # the snapshot had it waiting: claimed again
+    assert again.token != held.token
+    assert lanes.settle([Outcome(held.id, held.token, "c")]) == [Settled.STALE]
