@@ -73,9 +73,12 @@ ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD
 
 
 def load_all(client: redis.Redis) -> None:
-    """SCRIPT LOAD every script (once per connection target, before pipelining)."""
-    for script in ALL:
-        client.script_load(script.source)
+    """SCRIPT LOAD every script the server lacks (once per connection target, before
+    pipelining): one SCRIPT EXISTS when they are all there, as after a sibling's load."""
+    present = client.script_exists(*(script.sha for script in ALL))
+    for script, loaded in zip(ALL, present, strict=True):
+        if not loaded:
+            client.script_load(script.source)
 
 
 def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
