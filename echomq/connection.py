@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.exceptions
@@ -16,21 +16,25 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 # what an unreachable, stalled or restarting server raises: retry later, never crash
 NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#]*)@")
+_QUERY_PASSWORD = re.compile(r"(?i)([?&;](?:password|pass|pwd)=)[^&;#]*")
+
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe for logs and errors)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """The URL with any password replaced by ``***`` (safe for logs and errors).
+
+    Both places a password can be given are hidden: the userinfo (``:pw@``) and the
+    query (``?password=``, which redis-py and libpq honour). Works on text, so a URL
+    that does not parse (a bad port, say) is redacted too and never raises.
+    """
+    text = str(url)
+
+    def _userinfo(m: re.Match[str]) -> str:
+        user, sep, _password = m["userinfo"].partition(":")
+        return f"{m['scheme']}{user}{':***' if sep else ''}@"
+
+    text = _USERINFO.sub(_userinfo, text, count=1)
+    return _QUERY_PASSWORD.sub(r"\1***", text)
 
 
 def describe(client: redis.Redis) -> str:

@@ -26,7 +26,13 @@ class Outcome:
     retry_ms: int = 0
 
     def args(self) -> list[Any]:
-        return [self.job_id, self.token, self.outcome, self.text, self.retry_ms]
+        return [self.job_id, self.token, self.outcome, safe_text(self.text), self.retry_ms]
+
+
+def safe_text(text: str) -> bytes:
+    """UTF-8 bytes of a handler's error or result; a lone surrogate (a file name decoded
+    with surrogateescape) becomes a ``\\udcXX`` escape instead of failing the settle."""
+    return text.encode("utf-8", "backslashreplace")
 
 
 class Lanes:

@@ -20,6 +20,10 @@ from echomq.job import STATES, Job
 from echomq.keys import DEFAULT_LANE, Keys, validate_job_id, validate_name
 
 ADMIT_BATCH = 500  # jobs per script call in add_many: bounds one script's run time
+# Due times are stored as integer ms text; past 10**14 Lua would write them as floats
+# ("1e+14"), so schedules end well before that: year 5000, or 100 years from now.
+MAX_DUE_MS = 95_617_584_000_000  # 5000-01-01T00:00:00Z
+MAX_DELAY_S = 100 * 365.25 * 86_400
 
 
 class Queue:
@@ -144,13 +148,20 @@ class Queue:
                 raise InvalidSchedule(f"run_at must be a datetime, got {type(run_at).__name__}")
             if run_at.tzinfo is None or run_at.utcoffset() is None:
                 raise InvalidSchedule("run_at must be timezone-aware, not naive")
-            return max(0, int(run_at.timestamp() * 1000))
+            due = max(0, int(run_at.timestamp() * 1000))
+            if due > MAX_DUE_MS:
+                raise InvalidSchedule(f"run_at {run_at.isoformat()} is too far in the future "
+                                      "(the limit is the year 5000)")
+            return due
         if delay is None:
             return None
         if isinstance(delay, bool) or not isinstance(delay, (int, float)) or math.isnan(delay):
             raise InvalidSchedule(f"delay must be a number of seconds, got {delay!r}")
         if delay < 0 or math.isinf(delay):
             raise InvalidSchedule(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+        if delay > MAX_DELAY_S:
+            raise InvalidSchedule(f"delay {delay!r} s is too far in the future "
+                                  f"(at most {MAX_DELAY_S:.0f} s, 100 years)")
         ms = int(delay * 1000)
         return None if ms == 0 else -ms
 
@@ -160,7 +171,11 @@ class Queue:
             text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
-        size = len(text.encode())
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from a decoded file name
+            raise PayloadError(f"payload is not valid UTF-8 text: {exc.reason} at "
+                               f"position {exc.start}") from None
         if size > self.settings.max_payload_bytes:
             raise PayloadError(
                 f"payload is {size} bytes encoded, over the limit of "
@@ -173,19 +188,34 @@ class Queue:
         now = [s for s in specs if s[2] is None]
         later = [s for s in specs if s[2] is not None]
         calls: list[tuple[scripts.LuaScript, list[str], list[Any]]] = []
-        for i in range(0, len(now), ADMIT_BATCH):
-            chunk = now[i:i + ADMIT_BATCH]
+        for chunk in self._chunks(now):
             args: list[Any] = [self.keys.prefix, len(chunk)]
             for _, a, _ in chunk:
                 args += a
             calls.append((scripts.ADMIT, scripts.admit_keys(self.keys), args))
-        for i in range(0, len(later), ADMIT_BATCH):
-            chunk = later[i:i + ADMIT_BATCH]
+        for chunk in self._chunks(later):
             args = [self.keys.prefix, len(chunk)]
             for _, a, due in chunk:
                 args += [*a, due]
             calls.append((scripts.SCHEDULE, scripts.schedule_keys(self.keys), args))
         return calls
+
+    def _chunks(self, specs: Sequence[tuple[str, list[Any], int | None]]
+                ) -> list[Sequence[tuple[str, list[Any], int | None]]]:
+        """Script calls of at most ADMIT_BATCH jobs and ``admit_call_bytes`` of payload
+        (one job over the bound still goes, alone)."""
+        chunks: list[Sequence[tuple[str, list[Any], int | None]]] = []
+        start = size = 0
+        for i, spec in enumerate(specs):
+            n = len(spec[1][2].encode())  # the encoded payload; validated as UTF-8 already
+            if i > start and (i - start >= ADMIT_BATCH
+                              or size + n > self.settings.admit_call_bytes):
+                chunks.append(specs[start:i])
+                start, size = i, 0
+            size += n
+        if start < len(specs):
+            chunks.append(specs[start:])
+        return chunks
 
     # --- reading ------------------------------------------------------------
 

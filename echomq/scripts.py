@@ -54,26 +54,31 @@ class LuaScript:
         pipe.evalsha(self.sha, self.num_keys, *keys, *args)
 
 
-ADMIT = LuaScript("admit", 2)
-SCHEDULE = LuaScript("schedule", 4)
-CLAIM = LuaScript("claim", 4)
+ADMIT = LuaScript("admit", 4)
+SCHEDULE = LuaScript("schedule", 5)
+CLAIM = LuaScript("claim", 5)
 SETTLE = LuaScript("settle", 9)
 EXTEND = LuaScript("extend", 1)
 REAP = LuaScript("reap", 7)
-PROMOTE = LuaScript("promote", 3)
+PROMOTE = LuaScript("promote", 4)
 COUNTS = LuaScript("counts", 6)
-RETRY_DEAD = LuaScript("retry_dead", 3)
-LEAD = LuaScript("lead", 5)
+RETRY_DEAD = LuaScript("retry_dead", 4)
+LEAD = LuaScript("lead", 6)
 SPILL = LuaScript("spill", 2)
 RESTORE = LuaScript("restore", 3)
+BURY = LuaScript("bury", 4)
+TRIM_DEAD = LuaScript("trim_dead", 2)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE)
+       RESTORE, BURY, TRIM_DEAD)
 
 
 def load_all(client: redis.Redis) -> None:
-    """SCRIPT LOAD every script (once per connection target, before pipelining)."""
-    for script in ALL:
-        client.script_load(script.source)
+    """SCRIPT LOAD every script the server lacks (once per connection target, before
+    pipelining): one SCRIPT EXISTS when they are all there, as after a sibling's load."""
+    present = client.script_exists(*(script.sha for script in ALL))
+    for script, loaded in zip(ALL, present, strict=True):
+        if not loaded:
+            client.script_load(script.source)
 
 
 def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
@@ -98,15 +103,15 @@ def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
 # --- typed wrappers: keys are chosen here, once ---------------------------------
 
 def admit_keys(k: Keys) -> list[str]:
-    return [k.ring, k.wake]
+    return [k.ring, k.wake, k.spilled, k.stats]
 
 
 def schedule_keys(k: Keys) -> list[str]:
-    return [k.schedule, k.wake, k.meta, k.fold]
+    return [k.schedule, k.wake, k.meta, k.fold, k.spilled]
 
 
 def claim_keys(k: Keys) -> list[str]:
-    return [k.ring, k.leases, k.tokens, k.wake]
+    return [k.ring, k.leases, k.tokens, k.wake, k.stats]
 
 
 def settle_keys(k: Keys) -> list[str]:
@@ -119,7 +124,8 @@ def reap_keys(k: Keys) -> list[str]:
 
 def promote(client: redis.Redis, k: Keys, batch: int) -> tuple[int, int, int]:
     """Promote due jobs: (promoted, next due ms or -1, server now ms)."""
-    promoted, next_due, now = PROMOTE(client, [k.schedule, k.ring, k.wake], [k.prefix, batch])
+    promoted, next_due, now = PROMOTE(client, [k.schedule, k.ring, k.wake, k.stats],
+                                       [k.prefix, batch])
     return int(promoted), int(next_due), int(now)
 
 
@@ -154,10 +160,18 @@ def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str
     return [bool(x) for x in EXTEND(client, [k.leases], args)]
 
 
-def counts(client: redis.Redis, k: Keys) -> list[int]:
-    keys = [k.ring, k.schedule, k.leases, k.dead, k.stats, k.meta]
-    return [int(x) for x in COUNTS(client, keys, [k.prefix])]
+def trim_dead(client: redis.Redis, k: Keys, keep_count: int, keep_age_ms: int,
+              limit: int = 1000) -> int:
+    """Drop dead jobs beyond the retention (-1: no limit); returns how many."""
+    return int(TRIM_DEAD(client, [k.dead, k.stats], [k.prefix, keep_count, keep_age_ms, limit]))
+
+
+def counts(client: redis.Redis, k: Keys, *, fast: bool = False) -> list[int]:
+    """{waiting, scheduled, active, completed, dead, retried, spilled, lanes}. ``fast``:
+    waiting from the counter the scripts keep, O(1) at any number of lanes."""
+    keys = [k.ring, k.schedule, k.leases, k.dead, k.stats, k.spilled]
+    return [int(x) for x in COUNTS(client, keys, [k.prefix, "fast" if fast else ""])]
 
 
 def retry_dead(client: redis.Redis, k: Keys, ids: Sequence[str], limit: int) -> int:
-    return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake], [k.prefix, limit, *ids]))
+    return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake, k.stats], [k.prefix, limit, *ids]))

@@ -88,7 +88,8 @@ class Arbiter:
         self.queues: dict[str, QueueRuntime] = {}
         for spec in settings.queues:
             qs = QueueSettings(beat_ms=settings.beat_ms, lease_ms=settings.lease_ms,
-                               durability=settings.durability_of(spec))
+                               durability=settings.durability_of(spec),
+                               keep_dead=settings.keep_dead, keep_dead_s=settings.keep_dead_s)
             self.queues[spec.name] = QueueRuntime(
                 spec=spec, settings=qs, handler=import_handler(spec.handler),
                 metronome=Metronome(spec.name, self.client, qs),
@@ -146,8 +147,8 @@ class Arbiter:
         try:
             scripts.load_all(self.client)
             durability = rt.settings.durability or "volatile"
-            self.client.hset(Keys(rt.spec.name).meta, mapping={
-                "fold": "1" if durability != "volatile" else "0", "durability": durability})
+            # "fold" is the scheduler's lease (lead.lua), not set here
+            self.client.hset(Keys(rt.spec.name).meta, mapping={"durability": durability})
         except NETWORK_ERRORS as exc:
             self._queue_down(rt, time.monotonic(), exc)
 
@@ -558,6 +559,7 @@ class Arbiter:
                 "rings": rt.metronome.rings,
                 "promoted": rt.metronome.promoted,
                 "reaped": rt.metronome.reaped,
+                "dead_trimmed": rt.metronome.dead_trimmed,
                 "pids": [c.pid for c in children],
                 "scheduler": rt.scheduler.snapshot() if rt.scheduler is not None else None,
             }

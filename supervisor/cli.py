@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--spill-horizon", type=float,
                        help="seconds; jobs due later live on the floor only "
                        f"{_env_help('spill_horizon')}")
+    start.add_argument("--keep-dead", type=int,
+                       help=f"dead jobs kept per queue, newest first {_env_help('keep_dead')}")
+    start.add_argument("--keep-dead-s", type=float,
+                       help=f"seconds a dead job is kept {_env_help('keep_dead_s')}")
     start.add_argument("--log-json", action="store_true", default=None,
                        help=f"JSON log lines {_env_help('log_json')}")
     start.add_argument("--log-level", help=f"log level {_env_help('log_level')}")
@@ -98,6 +102,10 @@ def _number(name: str, value: Any, kind: type) -> Any:
         return kind(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name} ({ENV_VARS[name]}) must be a number, got {value!r}") from None
+
+
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _config_file(path: str) -> dict[str, Any]:
@@ -150,6 +158,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_jobs=_number("max_jobs", _pick(args, "max_jobs"), int),
         spill_horizon=_number("spill_horizon", _pick(args, "spill_horizon"), float)
         or DEFAULT_SPILL_HORIZON_S,
+        keep_dead=_default(_number("keep_dead", _pick(args, "keep_dead"), int), 10_000),
+        keep_dead_s=_default(_number("keep_dead_s", _pick(args, "keep_dead_s"), float),
+                             30 * 24 * 3600.0),
         log_json=log_json if isinstance(log_json, bool) else parse_bool(log_json or "0"),
         log_level=_pick(args, "log_level") or "INFO",
     )
@@ -161,8 +172,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     logs.setup(settings.log_json, settings.log_level)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # handlers are usually modules of the working directory
+    _handler_import_path()
     floor = _open_floor(settings.floor_url) if settings.floor_url else None
     factory = None
     if floor is not None:
@@ -181,6 +191,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     finally:
         if health is not None:
             health.stop()
+
+
+def _handler_import_path() -> None:
+    """Handlers import as an installed app's modules do: installed packages and PYTHONPATH
+    first. The working directory (which ``python -m`` puts first) comes last, so a file
+    there never shadows an installed module."""
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)] + [cwd]
 
 
 def _open_floor(url: str) -> Any:

@@ -23,24 +23,74 @@ from echomq.job import STATES
 from echomq.keys import Keys
 
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
+REQUEST_TIMEOUT_S = 5.0  # a request that has not arrived by then is dropped
+MAX_CONNECTIONS = 16  # requests served at once; more wait in the listen backlog
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per request, but at most ``max_connections`` of them: the accept loop
+    waits for a free slot, so half-sent requests cannot pile up threads."""
+
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 max_connections: int) -> None:
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.open = self.most = 0
+        self.count_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.slots.acquire()  # frees within REQUEST_TIMEOUT_S: every socket has a timeout
+        with self.count_lock:
+            self.open += 1
+            self.most = max(self.most, self.open)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self.count_lock:
+            self.open -= 1
+        self.slots.release()
 
 
 class Health:
     """Owns the HTTP server; ``snapshot`` is the arbiter's view of itself."""
 
     def __init__(self, host: str, port: int, redis_url: str,
-                 snapshot: Callable[[], dict[str, Any]], live_after_s: float) -> None:
+                 snapshot: Callable[[], dict[str, Any]], live_after_s: float, *,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.snapshot = snapshot
         self.live_after_s = live_after_s
+        self.request_timeout_s = request_timeout_s
         self.client = client_from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
-        self.server = ThreadingHTTPServer((host, port), self._handler_class())
-        self.server.daemon_threads = True
+        self.server = BoundedHTTPServer((host, port), self._handler_class(), max_connections)
         self.thread = threading.Thread(target=self.server.serve_forever, name="echomq-health",
                                        daemon=True)
 
     @property
     def port(self) -> int:
         return int(self.server.server_address[1])
+
+    def open_connections(self) -> int:
+        """Requests being served now."""
+        return self.server.open
+
+    @property
+    def most_connections(self) -> int:
+        """The most requests served at once so far."""
+        return self.server.most
 
     def start(self) -> None:
         self.thread.start()
@@ -97,7 +147,7 @@ class Health:
         reachable = 1.0
         for name in snap["queues"]:
             try:
-                values = scripts.counts(self.client, Keys(name))
+                values = scripts.counts(self.client, Keys(name), fast=True)
             except redis.exceptions.RedisError:
                 reachable = 0.0
                 continue
@@ -130,6 +180,9 @@ class Health:
                [({"queue": n}, float(v["promoted"])) for n, v in q.items()])
         metric("echomq_reaped_total", "counter", "Expired leases reaped by this supervisor",
                [({"queue": n}, float(v["reaped"])) for n, v in q.items()])
+        metric("echomq_dead_trimmed_total", "counter",
+               "Dead jobs dropped by retention (keep_dead / keep_dead_s) by this supervisor",
+               [({"queue": n}, float(v.get("dead_trimmed", 0))) for n, v in q.items()])
         child_rss = [({"queue": n}, float(sum(rss_bytes(p) or 0 for p in v["pids"])))
                      for n, v in q.items()]
         metric("echomq_consumer_rss_bytes", "gauge", "Summed RSS of the consumer processes",
@@ -142,6 +195,17 @@ class Health:
                    [({"queue": n}, float(s.get("folded", 0))) for n, s in sched])
             metric("echomq_floor_backlog", "gauge", "Jobs waiting to be folded",
                    [({"queue": n}, float(s.get("backlog", 0))) for n, s in sched])
+            metric("echomq_floor_closed_backlog", "gauge", "Finished jobs whose rows wait to close",
+                   [({"queue": n}, float(s.get("closed_backlog", 0))) for n, s in sched])
+            metric("echomq_floor_backlog_dropped_total", "counter",
+                   "Log entries dropped over the bound (recovered by a sweep)",
+                   [({"queue": n}, float(s.get("backlog_dropped", 0))) for n, s in sched])
+            metric("echomq_floor_orphans_closed_total", "counter",
+                   "Floor rows of finished jobs closed by the orphan pass",
+                   [({"queue": n}, float(s.get("orphans_closed", 0))) for n, s in sched])
+            metric("echomq_floor_set_aside_total", "counter",
+                   "Malformed jobs or floor rows set aside as dead",
+                   [({"queue": n}, float(s.get("buried", 0))) for n, s in sched])
         own = own_figures()
         metric("echomq_supervisor_rss_bytes", "gauge", "Supervisor RSS", [({}, own["rss_bytes"])])
         metric("echomq_supervisor_cpu_seconds_total", "counter", "Supervisor CPU time",
@@ -154,6 +218,8 @@ class Health:
         health = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = health.request_timeout_s  # socket timeout for every read and write
+
             def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
                 path = self.path.split("?")[0]
                 if path == "/livez":

@@ -20,6 +20,8 @@ from echomq.keys import Keys
 from echomq.wake import Doorbell
 
 SAFETY_BEATS = 30  # promote at least this often (in beats) while idle
+PROMOTE_SLICE = 10  # promote calls per turn of the loop; a larger backlog takes more turns
+TRIM_LIMIT = 1000  # dead jobs dropped per call; more wait for the next turn
 
 
 class Metronome:
@@ -35,6 +37,8 @@ class Metronome:
         self.doorbell = Doorbell(client, self.keys.wake, self.beat_s)
         self.next_promote = 0.0  # monotonic deadlines: 0 = now
         self.next_reap = 0.0
+        self.next_trim = 0.0
+        self.dead_trimmed = 0
         self.registered_fd: int | None = None
         self.rings = 0
         self.promoted = 0
@@ -59,7 +63,19 @@ class Metronome:
             found |= self._promote(now, disarmed)
         if now >= self.next_reap:
             found |= self._reap(now)
+        if now >= self.next_trim:
+            self._trim_dead(now)
         return found
+
+    def _trim_dead(self, now: float) -> None:
+        """Dead-job retention (keep_dead / keep_dead_s), every few beats."""
+        keep_count, keep_age = self.settings.dead_retention_args
+        if keep_count < 0 and keep_age < 0:
+            self.next_trim = float("inf")
+            return
+        dropped = scripts.trim_dead(self.client, self.keys, keep_count, keep_age, TRIM_LIMIT)
+        self.dead_trimmed += dropped
+        self.next_trim = now if dropped == TRIM_LIMIT else now + self.beat_s * SAFETY_BEATS
 
     def saw_work(self, now: float) -> None:
         """Consumers will claim now: leases taken can expire one lease period from now."""
@@ -68,11 +84,15 @@ class Metronome:
     def _promote(self, now: float, disarmed: bool) -> bool:
         batch = self.settings.pump_batch
         total = 0
-        while True:
+        for _ in range(PROMOTE_SLICE):
             promoted, next_due, server_now = scripts.promote(self.client, self.keys, batch)
             total += promoted
             if promoted < batch:
                 break
+        else:  # more is due: come back on the next turn, after signals, pipes and leases
+            self.promoted += total
+            self.next_promote = now
+            return True
         self.promoted += total
         limit = self.beat_s if disarmed else self.beat_s * SAFETY_BEATS
         wait = limit if next_due < 0 else min(limit, (next_due - server_now) / 1000)

@@ -29,6 +29,8 @@ ENV_VARS: dict[str, str] = {
     "max_memory_mb": "ECHOMQ_MAX_MEMORY_MB",
     "max_jobs": "ECHOMQ_MAX_JOBS",
     "spill_horizon": "ECHOMQ_SPILL_HORIZON",
+    "keep_dead": "ECHOMQ_KEEP_DEAD",
+    "keep_dead_s": "ECHOMQ_KEEP_DEAD_S",
     "log_json": "ECHOMQ_LOG_JSON",
     "log_level": "ECHOMQ_LOG_LEVEL",
     "config": "ECHOMQ_CONFIG",
@@ -65,6 +67,8 @@ class Settings:
     max_memory_mb: int | None = None
     max_jobs: int | None = None
     spill_horizon: float = DEFAULT_SPILL_HORIZON_S
+    keep_dead: int = 10_000  # dead jobs kept per queue (their hashes hold payload and error)
+    keep_dead_s: float = 30 * 24 * 3600.0
     log_json: bool = False
     log_level: str = "INFO"
     extra: Mapping[str, str] = field(default_factory=dict)
@@ -74,6 +78,8 @@ class Settings:
             raise ConfigError(f"beat_ms must be >= 10, got {self.beat_ms}")
         if self.lease_ms < 100:
             raise ConfigError(f"lease_ms must be >= 100, got {self.lease_ms}")
+        if self.keep_dead < 0 or self.keep_dead_s < 0:
+            raise ConfigError("keep_dead and keep_dead_s must be >= 0")
         if self.drain_timeout < 0:
             raise ConfigError(f"drain_timeout must be >= 0, got {self.drain_timeout}")
         for spec in self.queues:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from echomq.connection import redact_url as redact_text_url
 from echomq.errors import FloorError
 
 #: Execution option that makes a SQLite transaction start with BEGIN IMMEDIATE.
@@ -17,24 +17,14 @@ WRITE_OPTION = "emq_write"
 SQLITE_BUSY_TIMEOUT_MS = 5000
 PG_CONNECT_TIMEOUT_S = 10
 
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#]*)@")
-_QUERY_PASSWORD = re.compile(r"(?i)([?&](?:password|pass|pwd)=)[^&#]*")
-
-
 def redact_url(url: str | URL) -> str:
-    """Return ``url`` with any password replaced by ``***``.
+    """Return ``url`` with any password (userinfo or ``?password=``) replaced by ``***``.
 
     Works on text that does not parse as a URL too, so error paths can always
     call it.
     """
     text = url.render_as_string(hide_password=False) if isinstance(url, URL) else str(url)
-
-    def _userinfo(m: re.Match[str]) -> str:
-        user, sep, _password = m["userinfo"].partition(":")
-        return f"{m['scheme']}{user}{':***' if sep else ''}@"
-
-    text = _USERINFO.sub(_userinfo, text, count=1)
-    return _QUERY_PASSWORD.sub(r"\1***", text)
+    return redact_text_url(text)
 
 
 def normalize_url(url: str) -> URL:

@@ -1,13 +1,16 @@
 --[[
   admit: write jobs that are claimable now and push each onto its lane.
 
-  Idempotent per job id: an id whose hash already exists is left unchanged.
+  Idempotent per job id: an id whose hash already exists, or that is spilled
+  (held by the floor alone), is left unchanged.
   A lane that goes from empty to non-empty joins the ring. Rings the doorbell
   once when anything was admitted.
 
   Input:
     KEYS[1] ring   list of lanes with waiting jobs
     KEYS[2] wake   the doorbell list
+    KEYS[3] spilled  set of ids held by the floor alone
+    KEYS[4] stats    counters (field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"  (job hashes and lane lists are built from it)
     ARGV[2] n, the number of jobs
     ARGV[3..] per job, 7 values: id, name, payload, lane, max_attempts, max_stalls, backoff
@@ -25,7 +28,7 @@ for i = 0, n - 1 do
   local b = 3 + i * 7
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
-  if redis.call('EXISTS', jk) == 1 then
+  if redis.call('EXISTS', jk) == 1 or redis.call('SISMEMBER', KEYS[3], id) == 1 then
     out[i + 1] = 0
   else
     local lane = ARGV[b + 3]
@@ -40,6 +43,9 @@ for i = 0, n - 1 do
   end
 end
 if admitted then
+  local added = 0
+  for i = 1, n do added = added + out[i] end
+  redis.call('HINCRBY', KEYS[4], 'waiting', added)
   redis.call('LPUSH', KEYS[2], '1')
   redis.call('LTRIM', KEYS[2], 0, 63)
 end

@@ -15,6 +15,7 @@
   Input:
     KEYS[1] leases  KEYS[2] ring  KEYS[3] wake  KEYS[4] dead  KEYS[5] stats
     KEYS[6] meta    KEYS[7] closed
+    (stats field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] limit
     ARGV[3] mode: "stall", "requeue" or "unstarted"
@@ -27,7 +28,8 @@ local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
 local mode = ARGV[3]
-local fold = redis.call('HGET', KEYS[6], 'fold') == '1'
+-- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
+local fold = (tonumber(redis.call('HGET', KEYS[6], 'fold') or '') or 0) >= now
 local ids = {}
 if #ARGV >= 4 then
   for i = 4, #ARGV, 2 do
@@ -44,9 +46,9 @@ for _, id in ipairs(ids) do
   local jk = prefix .. 'job:' .. id
   local f = redis.call('HMGET', jk, 'lane', 'stalls', 'max_stalls', 'deferred')
   if f[1] then
-    local stalls = tonumber(f[2] or '0')
+    local stalls = tonumber(f[2]) or 0  -- malformed counts read as missing ones
     if mode == 'stall' then stalls = stalls + 1 end
-    if mode == 'stall' and stalls > tonumber(f[3] or '1') then
+    if mode == 'stall' and stalls > (tonumber(f[3]) or 1) then
       redis.call('HSET', jk, 'state', 'dead', 'stalls', stalls, 'finished_ms', now,
         'error', 'stalled ' .. stalls .. ' times: the lease expired or the process running it died')
       redis.call('HDEL', jk, 'token')
@@ -66,6 +68,7 @@ for _, id in ipairs(ids) do
   end
 end
 if requeued > 0 then
+  redis.call('HINCRBY', KEYS[5], 'waiting', requeued)
   redis.call('LPUSH', KEYS[3], '1')
   redis.call('LTRIM', KEYS[3], 0, 63)
 end

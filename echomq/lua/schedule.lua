@@ -1,9 +1,9 @@
 --[[
   schedule: write deferred jobs and add them to the schedule set by due time.
 
-  Idempotent per job id, like admit. Due time is the server clock plus the
+  Idempotent per job id, like admit (a spilled id is taken too). Due time is the server clock plus the
   delay, or an absolute time when one is given. When the queue folds onto a
-  floor (meta field "fold" = "1"), each new id is appended to the fold log.
+  floor (meta field "fold", a lease expiry in ms, not yet passed), each new id is appended to the fold log.
   Rings the doorbell only when a new job became the schedule's head, so a
   parked metronome re-computes its wait; otherwise nobody needs waking.
 
@@ -12,13 +12,16 @@
     KEYS[2] wake      the doorbell list
     KEYS[3] meta      queue settings hash
     KEYS[4] fold      list of ids not yet written to the floor
+    KEYS[5] spilled   set of ids held by the floor alone
     ARGV[1] key prefix "emq:{q}:"  (job hashes are built from it)
     ARGV[2] n, the number of jobs
     ARGV[3..] per job, 8 values: id, name, payload, lane, max_attempts, max_stalls,
               backoff, due (">=0": absolute ms; "-<d>": d ms from now)
 
   Output:
-    an array of n integers: 1 scheduled, 0 already existed
+    an array of n integers: 1 scheduled, 0 already existed;
+    an error reply "invalid due time", changing nothing, when a due time is not an
+    integer or would fall after 10^14 - 1 ms (it could not be stored as integer text)
 ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -26,7 +29,17 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local exact = t[1] * 1000 + t[2] / 1000
 local prefix = ARGV[1]
 local n = tonumber(ARGV[2])
-local fold = redis.call('HGET', KEYS[3], 'fold') == '1'
+local max_due = 99999999999999
+for i = 0, n - 1 do
+  local raw = ARGV[3 + i * 8 + 7]
+  local due = tonumber(raw)
+  if not due or due ~= due or due ~= math.floor(due) or due > max_due
+      or (due < 0 and exact - due > max_due) then
+    return redis.error_reply('ERR invalid due time ' .. raw .. ' for job ' .. ARGV[3 + i * 8])
+  end
+end
+-- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
+local fold = (tonumber(redis.call('HGET', KEYS[3], 'fold') or '') or 0) >= now
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local head_due = head[2] and tonumber(head[2]) or nil
 local new_head = false
@@ -35,7 +48,7 @@ for i = 0, n - 1 do
   local b = 3 + i * 8
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
-  if redis.call('EXISTS', jk) == 1 then
+  if redis.call('EXISTS', jk) == 1 or redis.call('SISMEMBER', KEYS[5], id) == 1 then
     out[i + 1] = 0
   else
     local due = tonumber(ARGV[b + 7])

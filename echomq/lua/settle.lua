@@ -32,7 +32,8 @@ local prefix = ARGV[1]
 local keep_count = tonumber(ARGV[2])
 local keep_age = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local fold = redis.call('HGET', KEYS[7], 'fold') == '1'
+-- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
+local fold = (tonumber(redis.call('HGET', KEYS[7], 'fold') or '') or 0) >= now
 local out = {}
 local completed = 0
 local rang = false
@@ -46,8 +47,8 @@ for i = 0, n - 1 do
   else
     redis.call('ZREM', KEYS[1], id)
     local outcome = ARGV[b + 2]
-    if outcome == 'f' and tonumber(f[2] or '0') < tonumber(f[3] or '1') then
-      local due = now + tonumber(ARGV[b + 4])
+    if outcome == 'f' and (tonumber(f[2]) or 0) < (tonumber(f[3]) or 1) then
+      local due = now + math.min(tonumber(ARGV[b + 4]) or 0, 3155760000000)  -- <= 100 years
       redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', due, 'error', ARGV[b + 3],
         'deferred', 1, 'token', '')
       redis.call('ZADD', KEYS[2], due, id)
