@@ -66,8 +66,9 @@ RETRY_DEAD = LuaScript("retry_dead", 3)
 LEAD = LuaScript("lead", 5)
 SPILL = LuaScript("spill", 2)
 RESTORE = LuaScript("restore", 3)
+AWAIT = LuaScript("await", 2)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE)
+       RESTORE, AWAIT)
 
 
 def load_all(client: redis.Redis) -> None:
@@ -154,9 +155,16 @@ def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str
     return [bool(x) for x in EXTEND(client, [k.leases], args)]
 
 
+def counts_keys(k: Keys) -> list[str]:
+    return [k.ring, k.schedule, k.leases, k.dead, k.stats, k.meta]
+
+
 def counts(client: redis.Redis, k: Keys) -> list[int]:
-    keys = [k.ring, k.schedule, k.leases, k.dead, k.stats, k.meta]
-    return [int(x) for x in COUNTS(client, keys, [k.prefix])]
+    return [int(x) for x in COUNTS(client, counts_keys(k), [k.prefix])]
+
+
+def await_keys(k: Keys, job_id: str) -> list[str]:
+    return [k.job(job_id), k.done(job_id)]
 
 
 def retry_dead(client: redis.Redis, k: Keys, ids: Sequence[str], limit: int) -> int:
