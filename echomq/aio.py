@@ -63,6 +63,7 @@ class Queue:
         self.name = self._plan.name
         self.keys = self._plan.keys
         self.settings = self._plan.settings
+        self._owns_pool = redis is None
         if redis is not None:
             self.redis = redis
             kwargs = redis.connection_pool.connection_kwargs
@@ -129,6 +130,8 @@ class Queue:
 
     async def close(self) -> None:
         await self.redis.aclose()
+        if self._owns_pool:
+            await self.redis.connection_pool.disconnect()
         await self._waiters.disconnect()
 
 
@@ -209,9 +212,10 @@ async def _await(conn: Any, keys: list[str]) -> Any:
 async def _park(conn: Any, key: str, remaining: float | None) -> bool:
     command, read_timeout = results.block_args(key, remaining)
     await conn.send_command(*command)
-    try:
-        reply = await conn.read_response(timeout=read_timeout)
-    except redis.exceptions.TimeoutError:
-        await conn.disconnect()  # drops the call still parked on the server
+    reply = await conn.read_response(timeout=read_timeout)
+    if reply is None:
+        # redis.asyncio answers None both for the server's nil and for our own read
+        # deadline, when the call is still parked there: drop it with the socket
+        await conn.disconnect()
         return False
-    return reply is not None
+    return True
