@@ -114,7 +114,7 @@ class Queue:
         validate_job_id(job_id)
         with translated(self.where):
             raw = await self.redis.hgetall(self.keys.job(job_id))
-        return Job.from_hash(self.name, raw) if raw else None
+        return Job.from_hash(self.name, raw) if raw else None  # type: ignore[arg-type]
 
     async def counts(self) -> dict[str, int]:
         """Jobs per state, as :meth:`echomq.Queue.counts`."""
@@ -146,10 +146,10 @@ async def evalsha(client: redis.asyncio.Redis, script: scripts.LuaScript,
                   keys: Sequence[str], args: Sequence[scripts.Arg]) -> Any:
     """Run one script by SHA, loading it on NOSCRIPT."""
     try:
-        return await client.evalsha(script.sha, script.num_keys, *keys, *args)  # type: ignore[misc]
+        return await client.evalsha(script.sha, script.num_keys, *keys, *args)
     except redis.exceptions.NoScriptError:
         await client.script_load(script.source)
-        return await client.evalsha(script.sha, script.num_keys, *keys, *args)  # type: ignore[misc]
+        return await client.evalsha(script.sha, script.num_keys, *keys, *args)
 
 
 async def execute(client: redis.asyncio.Redis,
@@ -176,7 +176,7 @@ async def wait(waiters: redis.asyncio.ConnectionPool, keys: Any, job_id: str,
     timeout = results.check_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     doorbell = keys.done(job_id)
-    conn = await waiters.get_connection()
+    conn = await waiters.get_connection()  # type: ignore[no-untyped-call]
     try:
         while True:
             reply = await _await(conn, scripts.await_keys(keys, job_id))

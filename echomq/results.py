@@ -124,7 +124,7 @@ def wait(waiters: redis.ConnectionPool, keys: Keys, job_id: str,
     timeout = check_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     doorbell = keys.done(job_id)
-    conn = waiters.get_connection()
+    conn: Any = waiters.get_connection()
     try:
         while True:
             result = outcome(job_id, _await(conn, scripts.await_keys(keys, job_id)))
