@@ -67,7 +67,7 @@ def wakeups(count: int) -> list[float]:
         for n in range(count):
             jid = q.add("x", n)
             done: list[float] = []
-            t = threading.Thread(target=lambda jid=jid: (q.result(jid, timeout=10),
+            t = threading.Thread(target=lambda jid=jid, done=done: (q.result(jid, timeout=10),
                                                          done.append(time.perf_counter())))
             t.start()
             bl.wait_until(lambda: int(r.info("clients")["blocked_clients"]) >= 1, 5, 0.001)

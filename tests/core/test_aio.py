@@ -222,3 +222,24 @@ def test_asend_admits_from_asyncio(redis_url: str, queue_name: str, r: redis.Red
     assert (h["lane"], h["timeout_ms"], json.loads(h["payload"])) == (
         "u-ann", "3000", {"args": ["ann"], "kwargs": {}})
     assert r.hget(f"emq:{{{queue_name}}}:job:{later}", "state") == b"scheduled"
+
+
+def test_concurrent_adds_share_round_trips_and_their_failure(redis_url: str, queue_name: str,
+                                                             r: redis.Redis) -> None:
+    async def main() -> tuple[int, list[Any]]:
+        aq = echomq.aio.Queue(queue_name, redis_url=redis_url)
+        before = int(r.info("commandstats")["cmdstat_evalsha"]["calls"])
+        await asyncio.gather(*(aq.add("x", i) for i in range(200)))
+        calls = int(r.info("commandstats")["cmdstat_evalsha"]["calls"]) - before
+        await aq.close()
+        dead = echomq.aio.Queue(queue_name, redis_url="redis://127.0.0.1:1/0")
+        outcomes = await asyncio.gather(*(dead.add("x", i) for i in range(5)),
+                                        return_exceptions=True)
+        await dead.close()
+        return calls, outcomes
+
+    calls, outcomes = _run(main())
+    assert calls < 20  # 200 adds in a few admit calls, not 200
+    assert all(isinstance(o, echomq.ConnectionFailed) for o in outcomes), outcomes
+    with pytest.raises(echomq.PayloadError):  # a bad job fails alone, before it is queued
+        _run(echomq.aio.Queue(queue_name, redis_url=redis_url).add("x", {1, 2}))
