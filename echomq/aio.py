@@ -213,7 +213,8 @@ async def wait(waiters: redis.asyncio.ConnectionPool, keys: Any, job_id: str,
     conn = await waiters.get_connection()  # type: ignore[no-untyped-call]
     try:
         while True:
-            reply = await _await(conn, scripts.await_keys(keys, job_id))
+            mark = deadline is None or deadline > time.monotonic()
+            reply = await _await(conn, scripts.await_keys(keys, job_id), mark)
             result = results.outcome(job_id, reply)
             if result is not results.PENDING:
                 return result
@@ -231,15 +232,16 @@ async def wait(waiters: redis.asyncio.ConnectionPool, keys: Any, job_id: str,
         await waiters.release(conn)
 
 
-async def _await(conn: Any, keys: list[str]) -> Any:
+async def _await(conn: Any, keys: list[str], mark: bool) -> Any:
     script = scripts.AWAIT
-    await conn.send_command("EVALSHA", script.sha, script.num_keys, *keys)
+    command = ["EVALSHA", script.sha, script.num_keys, *keys, "1" if mark else "0"]
+    await conn.send_command(*command)
     try:
         return await conn.read_response()
     except redis.exceptions.NoScriptError:
         await conn.send_command("SCRIPT", "LOAD", script.source)
         await conn.read_response()
-        await conn.send_command("EVALSHA", script.sha, script.num_keys, *keys)
+        await conn.send_command(*command)
         return await conn.read_response()
 
 

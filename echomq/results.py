@@ -56,6 +56,8 @@ def outcome(job_id: str, reply: list[Any]) -> Any:
         return decode_result(fields[1])
     if state == "dead":
         raise JobFailed(job_id, fields[2])
+    if state == "cancelled":
+        raise JobFailed(job_id, fields[2] or "the job was cancelled")
     if state == "missing":
         return finished_without_record(job_id, fields[1])
     raise ValueError(f"await.lua answered {reply!r}")
@@ -127,7 +129,8 @@ def wait(waiters: redis.ConnectionPool, keys: Keys, job_id: str,
     conn: Any = waiters.get_connection()
     try:
         while True:
-            result = outcome(job_id, _await(conn, scripts.await_keys(keys, job_id)))
+            mark = deadline is None or deadline > time.monotonic()
+            result = outcome(job_id, _await(conn, scripts.await_keys(keys, job_id), mark))
             if result is not PENDING:
                 return result
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -144,15 +147,16 @@ def wait(waiters: redis.ConnectionPool, keys: Keys, job_id: str,
         waiters.release(conn)
 
 
-def _await(conn: Any, keys: list[str]) -> Any:
+def _await(conn: Any, keys: list[str], mark: bool) -> Any:
     script = scripts.AWAIT
-    conn.send_command("EVALSHA", script.sha, script.num_keys, *keys)
+    command = ["EVALSHA", script.sha, script.num_keys, *keys, "1" if mark else "0"]
+    conn.send_command(*command)
     try:
         return conn.read_response()
     except redis.exceptions.NoScriptError:
         conn.send_command("SCRIPT", "LOAD", script.source)
         conn.read_response()
-        conn.send_command("EVALSHA", script.sha, script.num_keys, *keys)
+        conn.send_command(*command)
         return conn.read_response()
 
 

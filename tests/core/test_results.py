@@ -227,3 +227,32 @@ def test_200_waiters_cost_one_blocking_connection_each_and_no_commands(
     assert [w.value for w in waiters] == ["done"] * 200
     r.close()
     q.close()
+
+
+def test_a_zero_timeout_only_peeks(redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    jid = q.add("x", 1)
+    with pytest.raises(TimeoutError):
+        q.result(jid, timeout=0)
+    assert r.hget(q.keys.job(jid), "waited") is None  # nobody parks, so nothing to ring
+    _finish(q, "c", 7)
+    assert not r.exists(q.keys.done(jid))
+    assert q.result(jid, timeout=0) == 7
+
+
+def test_result_reloads_its_script_after_a_flush(redis_url: str, queue_name: str,
+                                                  r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    jid = q.add("x", 1)
+    _finish(q, "c", "v")
+    r.script_flush()
+    assert q.result(jid, timeout=1) == "v"
+
+
+def test_a_cancelled_job_answers_at_once(redis_url: str, queue_name: str,
+                                         r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    jid = q.add("x", 1)
+    r.hset(q.keys.job(jid), "state", "cancelled")  # as a cancel leaves it
+    with pytest.raises(echomq.JobFailed, match="cancelled"):
+        q.result(jid, timeout=5)
