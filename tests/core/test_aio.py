@@ -243,3 +243,38 @@ def test_concurrent_adds_share_round_trips_and_their_failure(redis_url: str, que
     assert all(isinstance(o, echomq.ConnectionFailed) for o in outcomes), outcomes
     with pytest.raises(echomq.PayloadError):  # a bad job fails alone, before it is queued
         _run(echomq.aio.Queue(queue_name, redis_url=redis_url).add("x", {1, 2}))
+
+
+def test_200_aio_waiters_cost_one_connection_each_and_no_commands(private_redis: Any) -> None:
+    r = redis.Redis.from_url(private_redis.url)
+
+    def calls() -> dict[str, int]:
+        return {k: int(v["calls"]) for k, v in r.info("commandstats").items()}
+
+    async def main() -> list[Any]:
+        aq = echomq.aio.Queue("aio-results", redis_url=private_redis.url)
+        ids = await aq.add_many([("x", i) for i in range(200)])
+        baseline = int(r.info("clients")["connected_clients"])
+        waiters = [asyncio.create_task(aq.result(jid, timeout=60)) for jid in ids]
+        deadline = time.monotonic() + 10
+        while int(r.info("clients")["blocked_clients"]) < 200:
+            assert time.monotonic() < deadline, "the waiters never all parked"
+            await asyncio.sleep(0.01)
+        clients = r.info("clients")
+        before = calls()
+        await asyncio.sleep(1.0)  # the observation window: nothing may run in it
+        after = calls()
+        ran = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        assert set(ran) <= {"cmdstat_info"}, ran
+        assert int(clients["blocked_clients"]) == 200
+        assert int(clients["connected_clients"]) - baseline == 200, clients
+        lanes = Lanes(r, aq.keys, aq.settings)
+        claimed = lanes.claim(200)
+        lanes.settle([Outcome(c.id, c.token, "c", json.dumps(c.id)) for c in claimed])
+        values = await asyncio.gather(*waiters)
+        assert values == ids
+        await aq.close()
+        return values
+
+    assert len(_run(main())) == 200
+    r.close()
