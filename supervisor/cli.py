@@ -122,9 +122,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     durability = _pick(args, "durability")
     specs: list[QueueSpec] = []
     for entry in file_cfg.get("queues", []):
-        specs.append(QueueSpec(name=entry["name"], handler=entry["handler"],
+        entry_tasks = tuple(_split(entry.get("tasks"))) or tasks
+        if not entry.get("handler"):
+            _check_has_tasks(entry["name"], entry_tasks)
+        specs.append(QueueSpec(name=entry["name"], handler=entry.get("handler", ""),
                                processes=int(entry.get("processes", 1)),
-                               durability=entry.get("durability", durability)))
+                               durability=entry.get("durability", durability),
+                               tasks=entry_tasks))
     for i, name in enumerate(names):
         if not handlers and not tasks:
             raise ConfigError(f"queue {name!r} needs --handler MODULE:CALLABLE or --tasks MODULE "
@@ -181,6 +185,8 @@ def _check_has_tasks(queue: str, modules: tuple[str, ...]) -> None:
 
     from echomq.task import tasks_on
 
+    if not modules:
+        raise ConfigError(f"queue {queue!r} needs a handler or tasks")
     import_task_modules(modules)
     if not tasks_on(queue):
         raise ConfigError(f"queue {queue!r}: no task of --tasks {','.join(modules)} is on it "

@@ -146,3 +146,14 @@ def test_an_async_task_runs_through_the_supervisor(supervisor: Start, redis_url:
     _start(supervisor, redis_url, queue_name, "--queue", queue_name,
            "--tasks", "sup_tasks").started(1)
     assert tasks.async_double.result(tasks.async_double.send(21), timeout=10) == 42
+
+
+def test_tasks_from_a_config_file(supervisor: Start, redis_url: str, queue_name: str,
+                                  tasks: ModuleType, tmp_path: object) -> None:
+    from pathlib import Path
+
+    config = Path(str(tmp_path)) / "echomq.toml"
+    config.write_text(f'[[queues]]\nname = "{queue_name}"\ntasks = "sup_tasks"\nprocesses = 1\n')
+    supervisor(redis_url, queue_name, "--redis-url", redis_url, "--config", str(config),
+               env=_env(queue_name), flags=False).started(1)
+    assert tasks.add.result(tasks.add.send(1, 2), timeout=15) == 3
