@@ -222,6 +222,11 @@ async def wait(waiters: redis.asyncio.ConnectionPool, keys: Any, job_id: str,
             if remaining is not None and remaining <= 0:
                 raise results.timed_out(job_id, timeout)
             if not await _park(conn, doorbell, remaining) and deadline is not None:
+                # one last read, as the sync waiter does
+                last = results.outcome(
+                    job_id, await _await(conn, scripts.await_keys(keys, job_id), False))
+                if last is not results.PENDING:
+                    return last
                 raise results.timed_out(job_id, timeout)
     except (JobFailed, JobNotFound, TimeoutError):
         raise  # answers read in full: the connection is clean

@@ -137,6 +137,11 @@ def wait(waiters: redis.ConnectionPool, keys: Keys, job_id: str,
             if remaining is not None and remaining <= 0:
                 raise timed_out(job_id, timeout)
             if not _park(conn, doorbell, remaining) and deadline is not None:
+                # one last read: a token that expired before this waiter parked (a process
+                # paused between marking and parking) must not hide a finished job
+                last = outcome(job_id, _await(conn, scripts.await_keys(keys, job_id), False))
+                if last is not PENDING:
+                    return last
                 raise timed_out(job_id, timeout)
     except (JobFailed, JobNotFound, TimeoutError):
         raise  # answers read in full: the connection is clean

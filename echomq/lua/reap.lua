@@ -56,7 +56,7 @@ for _, id in ipairs(ids) do
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[7], id) end
       if f[5] then
         redis.call('LPUSH', prefix .. 'done:' .. id, 'd')
-        redis.call('PEXPIRE', prefix .. 'done:' .. id, 86400000)
+        redis.call('PEXPIRE', prefix .. 'done:' .. id, 60000)
       end
       buried = buried + 1
     else

@@ -14,8 +14,8 @@
   job that was ever deferred is appended to the closed log when the
   queue folds, so the floor drops its row. A completed or dead job that a
   result waiter marked ("waited") rings its result doorbell "done:<id>" with
-  "c" or "d" (kept for the retention age, else a day); a completed job with
-  dedup_ms reserves its id in "dedup:<id>" that long. Job hashes, doorbells
+  "c" or "d", kept a minute (waiters that come later read the job itself); a
+  completed job with dedup_ms reserves its id in "dedup:<id>" that long. Job hashes, doorbells
   and dedup keys are built inside.
 
   Input:
@@ -42,7 +42,7 @@ local completed = 0
 local function ring_done(id, outcome)
   local done = prefix .. 'done:' .. id
   redis.call('LPUSH', done, outcome)
-  redis.call('PEXPIRE', done, keep_age > 0 and keep_age or 86400000)
+  redis.call('PEXPIRE', done, 60000)
 end
 local rang = false
 for i = 0, n - 1 do

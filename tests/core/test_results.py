@@ -79,6 +79,7 @@ def test_result_wakes_a_parked_waiter_with_the_value(redis_url: str, queue_name:
     _finish(q, "c", [1, "two"])
     w.join(5)
     assert w.error is None and w.value == [1, "two"]
+    assert 0 < r.pttl(q.keys.done(jid)) <= 60_000  # the token is kept a minute, no longer
 
 
 def test_result_wakes_within_5ms_of_the_settle(redis_url: str, queue_name: str,
@@ -256,3 +257,22 @@ def test_a_cancelled_job_answers_at_once(redis_url: str, queue_name: str,
     r.hset(q.keys.job(jid), "state", "cancelled")  # as a cancel leaves it
     with pytest.raises(echomq.JobFailed, match="cancelled"):
         q.result(jid, timeout=5)
+
+
+def test_a_waiter_whose_doorbell_expired_still_reads_the_outcome_at_its_deadline(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    """A waiter paused between marking the job and parking finds no token left."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    jid = q.add("x", 1)
+    with pytest.raises(TimeoutError):  # marks the job (and times out almost at once)
+        q.result(jid, timeout=0.01)
+    _finish(q, "c", "late")
+    r.delete(q.keys.done(jid))  # as if the minute had passed
+    r.hset(q.keys.job(jid), "state", "active")  # the park cannot see it finished ...
+    base = int(r.info("clients")["blocked_clients"])
+    w = Waiter(lambda: q.result(jid, timeout=0.3))
+    _blocked(r, base + 1)
+    r.hset(q.keys.job(jid), "state", "completed")  # ... finished without a token
+    w.join(5)
+    assert w.error is None and w.value == "late"
+    assert r.pttl(q.keys.done(jid)) == -2
