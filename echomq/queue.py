@@ -75,8 +75,9 @@ class Queue:
     ) -> str:
         """Admit one job and return its id (the same id again for a repeated ``job_id``).
 
-        ``timeout``: the job's time limit in seconds. ``dedup_s``: the id stays reserved
-        that long after the job completes, whatever the completed retention.
+        ``timeout``: the job's time limit in seconds (overrides the consumer's job_timeout).
+        ``dedup_s``: the id stays reserved that long after the job completes, whatever the
+        completed retention.
         """
         spec = self._spec(name, payload, lane, delay, run_at, job_id, max_attempts, backoff,
                           timeout, dedup_s)
@@ -150,8 +151,7 @@ class Queue:
         encoded = self.encode_payload(payload)
         due = self._due(delay, run_at)
         args = [job_id, name, encoded, lane, attempts, self.settings.max_stalls,
-                coerced.encode() if coerced else "", _ms("timeout", timeout, 1),
-                _ms("dedup_s", dedup_s, 0)]
+                coerced.encode() if coerced else "", _timeout_ms(timeout), _dedup_ms(dedup_s)]
         return job_id, args, due
 
     def _due(self, delay: float | None, run_at: datetime | None) -> int | None:
@@ -269,14 +269,23 @@ class Queue:
             self._waiters.disconnect()
 
 
-def _ms(what: str, seconds: float | None, minimum: int) -> str:
-    """Seconds as the scripts' integer ms ("" for None); minimum is the smallest ms allowed."""
-    if seconds is None:
+
+def _timeout_ms(timeout: float | None) -> str:
+    """A job's time limit as the scripts store it: whole ms, '' for none."""
+    if timeout is None:
         return ""
-    if (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-            or not math.isfinite(seconds) or seconds < 0):
-        raise ValueError(f"{what} must be a finite number of seconds >= 0, got {seconds!r}")
-    ms = math.ceil(seconds * 1000)
-    if ms == 0 and minimum == 0:
-        return ""  # dedup_s=0: nothing to reserve
-    return str(max(minimum, ms))
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+            math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    return str(max(1, math.ceil(timeout * 1000)))
+
+
+def _dedup_ms(dedup_s: float | None) -> str:
+    """How long a completed job's id stays reserved, in whole ms; '' for none (or 0)."""
+    if dedup_s is None:
+        return ""
+    if isinstance(dedup_s, bool) or not isinstance(dedup_s, (int, float)) or not (
+            math.isfinite(dedup_s) and dedup_s >= 0):
+        raise ValueError(f"dedup_s must be a finite number of seconds >= 0, got {dedup_s!r}")
+    ms = math.ceil(dedup_s * 1000)
+    return str(ms) if ms > 0 else ""

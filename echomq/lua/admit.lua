@@ -12,7 +12,7 @@
     ARGV[1] key prefix "emq:{q}:"  (job hashes and lane lists are built from it)
     ARGV[2] n, the number of jobs
     ARGV[3..] per job, 9 values: id, name, payload, lane, max_attempts, max_stalls, backoff,
-              timeout_ms, dedup_ms (both "" when not given)
+              timeout_ms ('' for none), dedup_ms ('' for none)
 
   Output:
     an array of n integers: 1 admitted, 0 already existed

@@ -15,7 +15,7 @@
     ARGV[1] key prefix "emq:{q}:"  (job hashes are built from it)
     ARGV[2] n, the number of jobs
     ARGV[3..] per job, 10 values: id, name, payload, lane, max_attempts, max_stalls,
-              backoff, timeout_ms, dedup_ms (both "" when not given),
+              backoff, timeout_ms ('' for none), dedup_ms ('' for none),
               due (">=0": absolute ms; "-<d>": d ms from now)
 
   Output:
