@@ -122,9 +122,9 @@ def test_a_queue_with_no_tasks_and_no_handler_is_refused(redis_url: str) -> None
 
 # --- these need per-job timeouts and async handlers in the consumers ---------------------
 
-NEEDS_EXEC = pytest.mark.xfail(
-    strict=True, reason="per-job timeouts and async handlers are not enforced by the consumer "
-    "yet; remove this mark when they are")
+NEEDS_EXEC = pytest.mark.skipif(
+    not hasattr(echomq, "Retry"),  # arrives with per-job time limits and async handlers
+    reason="the consumer does not enforce per-job time limits or await async handlers yet")
 
 
 @NEEDS_EXEC
