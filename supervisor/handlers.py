@@ -58,12 +58,18 @@ def import_task_modules(modules: Iterable[str], *, reload: bool = False) -> None
 
 
 class TaskHandlers(dict[str, Callable[[Job], Any]]):
-    """Handlers by task name; a name no task claims goes to ``fallback`` (``--handler``)."""
+    """Handlers by task name; a name no task claims goes to ``fallback`` (``--handler``).
+
+    The fallback is also kept under the empty name (no job has it), so whoever looks
+    at every handler (is any of them ``async def``?) sees it too.
+    """
 
     def __init__(self, tasks: Mapping[str, Callable[[Job], Any]],
                  fallback: Callable[..., Any] | None) -> None:
         super().__init__(tasks)
         self.fallback = fallback
+        if fallback is not None:
+            self[""] = fallback
 
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
         found = super().get(name)

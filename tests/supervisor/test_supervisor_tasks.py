@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -157,3 +159,39 @@ def test_tasks_from_a_config_file(supervisor: Start, redis_url: str, queue_name:
     supervisor(redis_url, queue_name, "--redis-url", redis_url, "--config", str(config),
                env=_env(queue_name), flags=False).started(1)
     assert tasks.add.result(tasks.add.send(1, 2), timeout=15) == 3
+
+
+HUP_TASKS = '''
+import os
+
+import echomq
+
+VERSION = {version}
+
+
+@echomq.task(queue=os.environ["SUP_TASKS_QUEUE"], name="hup.version")
+def version() -> int:
+    return VERSION
+'''
+
+
+def test_sighup_reloads_task_modules(supervisor: Start, redis_url: str, queue_name: str,
+                                     tmp_path: object) -> None:
+    from pathlib import Path
+
+    from .conftest import HERE
+
+    folder = Path(str(tmp_path))
+    (folder / "hup_tasks.py").write_text(HUP_TASKS.format(version=1))
+    env = {**_env(queue_name), "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": f"{folder}{os.pathsep}{HERE}{os.pathsep}{ROOT}"}
+    sup = supervisor(redis_url, queue_name, "--redis-url", redis_url, "--queue", queue_name,
+                     "--tasks", "hup_tasks", env=env, flags=False).started(1)
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    call = {"args": [], "kwargs": {}}
+    assert q.result(q.add("hup.version", call), timeout=15) == 1
+    (folder / "hup_tasks.py").write_text(HUP_TASKS.format(version=2))
+    sup.signal(signal.SIGHUP)
+    sup.wait_for_log(r"SIGHUP: rolling")
+    sup.wait_for_log(r"consumer \d+ started", 2)
+    assert q.result(q.add("hup.version", call), timeout=15) == 2
