@@ -19,7 +19,6 @@ from echomq.errors import InvalidName, InvalidSchedule, PayloadError
 from echomq.job import STATES, Job
 from echomq.keys import DEFAULT_LANE, Keys, validate_job_id, validate_name
 
-_NO_POOL = redis.ConnectionPool()
 ADMIT_BATCH = 500  # jobs per script call in add_many: bounds one script's run time
 
 
@@ -30,6 +29,8 @@ class Queue:
     Settings come from ``settings=QueueSettings(...)`` and/or keyword overrides
     (``Queue("q", max_payload_bytes=4096)``).
     """
+
+    _waiters: redis.ConnectionPool | None  # result() parks on these; made on first use
 
     def __init__(
         self,
@@ -45,7 +46,7 @@ class Queue:
         self.floor = floor  # an echomq.floor.Floor: with durability "sync", add() writes it
         self.keys = Keys(name)
         self.settings = (settings or QueueSettings()).with_overrides(**overrides)
-        self._waiters = _NO_POOL  # result() parks on connections of this pool, made on first use
+        self._waiters = None
         if redis is not None:
             self.redis = redis
             self.where = describe(redis)
@@ -223,7 +224,7 @@ class Queue:
         ``timeout`` seconds pass first, JobNotFound for an unknown id.
         """
         with translated(self.where):
-            if self._waiters is _NO_POOL:
+            if self._waiters is None:
                 self._waiters = results.waiter_pool(self.redis)
             return results.wait(self._waiters, self.keys, job_id, timeout)
 
@@ -265,9 +266,8 @@ class Queue:
 
     def close(self) -> None:
         self.redis.close()
-        if self._waiters is not _NO_POOL:
+        if self._waiters is not None:
             self._waiters.disconnect()
-
 
 
 def _timeout_ms(timeout: float | None) -> str:
