@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from echomq import aio
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.consumer import Consumer
@@ -20,13 +21,17 @@ from echomq.errors import (
     HandlerNotFound,
     InvalidName,
     InvalidSchedule,
+    JobFailed,
+    JobNotFound,
     MissingExtra,
     PayloadError,
     StaleLease,
 )
 from echomq.job import STATES, Job
 from echomq.lanes import Lanes, Outcome
+from echomq.pools import configure
 from echomq.queue import Queue
+from echomq.task import Task, task
 
 __version__ = "0.1.0"
 
@@ -43,6 +48,8 @@ __all__ = [
     "HandlerNotFound",
     "InvalidName",
     "InvalidSchedule",
+    "JobFailed",
+    "JobNotFound",
     "MissingExtra",
     "Job",
     "Lanes",
@@ -51,4 +58,8 @@ __all__ = [
     "Queue",
     "QueueSettings",
     "StaleLease",
+    "Task",
+    "aio",
+    "configure",
+    "task",
 ]

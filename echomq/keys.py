@@ -67,3 +67,11 @@ class Keys:
 
     def lane(self, lane: str) -> str:
         return f"{self.prefix}lane:{lane}"
+
+    def done(self, job_id: str) -> str:
+        """The result doorbell of one job (rung by settle when a waiter marked the job)."""
+        return f"{self.prefix}done:{job_id}"
+
+    def dedup(self, job_id: str) -> str:
+        """Holds a completed job's id reserved for its dedup_s."""
+        return f"{self.prefix}dedup:{job_id}"

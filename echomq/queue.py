@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from echomq import scripts
+from echomq import results, scripts
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.connection import DEFAULT_URL, client_from_url, describe, redact_url, translated
@@ -34,6 +34,8 @@ class Queue:
     (``Queue("q", max_payload_bytes=4096)``).
     """
 
+    _waiters: redis.ConnectionPool | None  # result() parks on these; made on first use
+
     def __init__(
         self,
         name: str,
@@ -48,6 +50,7 @@ class Queue:
         self.floor = floor  # an echomq.floor.Floor: with durability "sync", add() writes it
         self.keys = Keys(name)
         self.settings = (settings or QueueSettings()).with_overrides(**overrides)
+        self._waiters = None
         if redis is not None:
             self.redis = redis
             self.where = describe(redis)
@@ -72,9 +75,17 @@ class Queue:
         job_id: str | None = None,
         max_attempts: int | None = None,
         backoff: Backoff | float | None = None,
+        timeout: float | None = None,
+        dedup_s: float | None = None,
     ) -> str:
-        """Admit one job and return its id (the same id again for a repeated ``job_id``)."""
-        spec = self._spec(name, payload, lane, delay, run_at, job_id, max_attempts, backoff)
+        """Admit one job and return its id (the same id again for a repeated ``job_id``).
+
+        ``timeout``: the job's time limit in seconds (overrides the consumer's job_timeout).
+        ``dedup_s``: the id stays reserved that long after the job completes, whatever the
+        completed retention.
+        """
+        spec = self._spec(name, payload, lane, delay, run_at, job_id, max_attempts, backoff,
+                          timeout, dedup_s)
         [(script, keys, args)] = self._calls([spec])
         with translated(self.where):
             script(self.redis, keys, args)
@@ -87,6 +98,16 @@ class Queue:
 
         Every job is validated before anything is sent, so a bad one admits none.
         """
+        specs = self._specs(jobs)
+        if specs:
+            with translated(self.where):
+                scripts.execute(self.redis, self._calls(specs))
+            self._sync_to_floor(specs)
+        return [s[0] for s in specs]
+
+    def _specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
+               ) -> list[tuple[str, list[Any], int | None]]:
+        """Validate every job of an add_many call before anything is sent."""
         specs = []
         for item in jobs:
             if isinstance(item, Mapping):
@@ -99,17 +120,15 @@ class Queue:
                 name = item[0]
                 payload = item[1] if len(item) > 1 else None
                 opts = dict(item[2]) if len(item) > 2 else {}
-            unknown = set(opts) - {"lane", "delay", "run_at", "job_id", "max_attempts", "backoff"}
+            unknown = set(opts) - {"lane", "delay", "run_at", "job_id", "max_attempts", "backoff",
+                                   "timeout", "dedup_s"}
             if unknown:
                 raise ValueError(f"unknown job option(s): {', '.join(sorted(unknown))}")
             specs.append(self._spec(name, payload, opts.get("lane"), opts.get("delay"),
                                     opts.get("run_at"), opts.get("job_id"),
-                                    opts.get("max_attempts"), opts.get("backoff")))
-        if specs:
-            with translated(self.where):
-                scripts.execute(self.redis, self._calls(specs))
-            self._sync_to_floor(specs)
-        return [s[0] for s in specs]
+                                    opts.get("max_attempts"), opts.get("backoff"),
+                                    opts.get("timeout"), opts.get("dedup_s")))
+        return specs
 
     def _sync_to_floor(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> None:
         """Durability "sync": deferred jobs are on the floor before add() returns."""
@@ -123,7 +142,8 @@ class Queue:
 
     def _spec(self, name: Any, payload: Any, lane: str | None, delay: float | None,
               run_at: datetime | None, job_id: str | None, max_attempts: int | None,
-              backoff: Backoff | float | None) -> tuple[str, list[Any], int | None]:
+              backoff: Backoff | float | None, timeout: float | None = None,
+              dedup_s: float | None = None) -> tuple[str, list[Any], int | None]:
         """Validate one job: (id, admit args without the due, due arg or None)."""
         if not isinstance(name, str) or not name or len(name) > 255:
             raise InvalidName(f"invalid job name {name!r}: a non-empty string of at most 255 chars")
@@ -136,7 +156,7 @@ class Queue:
         encoded = self.encode_payload(payload)
         due = self._due(delay, run_at)
         args = [job_id, name, encoded, lane, attempts, self.settings.max_stalls,
-                coerced.encode() if coerced else ""]
+                coerced.encode() if coerced else "", _timeout_ms(timeout), _dedup_ms(dedup_s)]
         return job_id, args, due
 
     def _due(self, delay: float | None, run_at: datetime | None) -> int | None:
@@ -226,6 +246,18 @@ class Queue:
             raw = self.redis.hgetall(self.keys.job(job_id))
         return Job.from_hash(self.name, raw) if raw else None
 
+    def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """Wait for the job's handler to return and give back its value.
+
+        Returns at once for a finished job; otherwise parks on the job's doorbell (no
+        polling). Raises JobFailed (``.error``) for a dead job, TimeoutError when
+        ``timeout`` seconds pass first, JobNotFound for an unknown id.
+        """
+        with translated(self.where):
+            if self._waiters is None:
+                self._waiters = results.waiter_pool(self.redis)
+            return results.wait(self._waiters, self.keys, job_id, timeout)
+
     def counts(self) -> dict[str, int]:
         """Jobs per state. ``completed`` and ``dead``: completed is a running total."""
         with translated(self.where):
@@ -264,3 +296,26 @@ class Queue:
 
     def close(self) -> None:
         self.redis.close()
+        if self._waiters is not None:
+            self._waiters.disconnect()
+
+
+def _timeout_ms(timeout: float | None) -> str:
+    """A job's time limit as the scripts store it: whole ms, '' for none."""
+    if timeout is None:
+        return ""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+            math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    return str(max(1, math.ceil(timeout * 1000)))
+
+
+def _dedup_ms(dedup_s: float | None) -> str:
+    """How long a completed job's id stays reserved, in whole ms; '' for none (or 0)."""
+    if dedup_s is None:
+        return ""
+    if isinstance(dedup_s, bool) or not isinstance(dedup_s, (int, float)) or not (
+            math.isfinite(dedup_s) and dedup_s >= 0):
+        raise ValueError(f"dedup_s must be a finite number of seconds >= 0, got {dedup_s!r}")
+    ms = math.ceil(dedup_s * 1000)
+    return str(ms) if ms > 0 else ""

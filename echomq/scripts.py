@@ -68,8 +68,9 @@ SPILL = LuaScript("spill", 2)
 RESTORE = LuaScript("restore", 3)
 BURY = LuaScript("bury", 4)
 TRIM_DEAD = LuaScript("trim_dead", 2)
+AWAIT = LuaScript("await", 2)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE, BURY, TRIM_DEAD)
+       RESTORE, BURY, TRIM_DEAD, AWAIT)
 
 
 def load_all(client: redis.Redis) -> None:
@@ -166,11 +167,25 @@ def trim_dead(client: redis.Redis, k: Keys, keep_count: int, keep_age_ms: int,
     return int(TRIM_DEAD(client, [k.dead, k.stats], [k.prefix, keep_count, keep_age_ms, limit]))
 
 
+def counts_keys(k: Keys) -> list[str]:
+    """KEYS of the counts script (shared with the asyncio Queue)."""
+    return [k.ring, k.schedule, k.leases, k.dead, k.stats, k.spilled]
+
+
+def counts_args(k: Keys, *, fast: bool = False) -> list[str]:
+    """ARGV of the counts script; ``fast`` reads waiting from the scripts' counter."""
+    return [k.prefix, "fast" if fast else ""]
+
+
 def counts(client: redis.Redis, k: Keys, *, fast: bool = False) -> list[int]:
     """{waiting, scheduled, active, completed, dead, retried, spilled, lanes}. ``fast``:
     waiting from the counter the scripts keep, O(1) at any number of lanes."""
-    keys = [k.ring, k.schedule, k.leases, k.dead, k.stats, k.spilled]
-    return [int(x) for x in COUNTS(client, keys, [k.prefix, "fast" if fast else ""])]
+    return [int(x) for x in COUNTS(client, counts_keys(k), counts_args(k, fast=fast))]
+
+
+def await_keys(k: Keys, job_id: str) -> list[str]:
+    """KEYS of the await script: the job hash and its result doorbell."""
+    return [k.job(job_id), k.done(job_id)]
 
 
 def retry_dead(client: redis.Redis, k: Keys, ids: Sequence[str], limit: int) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 
 from echomq.supervisor import protocol
 from echomq.supervisor.children import Child, fork_child, sever_client
-from echomq.supervisor.handlers import import_handler
+from echomq.supervisor.handlers import load_handler
 from echomq.supervisor.logs import event
 from echomq.supervisor.metronome import Metronome
 from echomq.supervisor.recycle import over_memory
@@ -91,7 +91,7 @@ class Arbiter:
                                durability=settings.durability_of(spec),
                                keep_dead=settings.keep_dead, keep_dead_s=settings.keep_dead_s)
             self.queues[spec.name] = QueueRuntime(
-                spec=spec, settings=qs, handler=import_handler(spec.handler),
+                spec=spec, settings=qs, handler=load_handler(spec),
                 metronome=Metronome(spec.name, self.client, qs),
                 slots=[Slot(i) for i in range(spec.processes)],
             )
@@ -215,7 +215,7 @@ class Arbiter:
         """SIGHUP: reload handler modules, then replace each child once it finishes its job."""
         for rt in self.queues.values():
             try:
-                rt.handler = import_handler(rt.spec.handler, reload=True)
+                rt.handler = load_handler(rt.spec, reload=True)
             except Exception as exc:
                 log.error("SIGHUP: keeping the loaded handler of %s: %s", rt.spec.name, exc)
                 continue

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                        f"{_env_help('queue')}, comma-separated")
     start.add_argument("--handler", action="append", help="MODULE:CALLABLE, one per queue or "
                        f"one for all {_env_help('handler')}")
+    start.add_argument("--tasks", action="append", help="MODULE[,MODULE] of @echomq.task "
+                       "functions: run every task registered on each --queue (or on every queue "
+                       f"the tasks name, without --queue) {_env_help('tasks')}")
     start.add_argument("--processes", action="append", type=int,
                        help=f"consumer processes per queue {_env_help('processes')}")
     start.add_argument("--floor-url", help=f"SQL floor URL {_env_help('floor_url')}")
@@ -120,21 +123,30 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     file_cfg = _config_file(config_path) if config_path else {}
     names = _split(_pick(args, "queue"))
     handlers = _split(_pick(args, "handler"))
+    tasks = tuple(_split(_pick(args, "tasks")))
+    if tasks:
+        names = names or _task_queues(tasks)
     processes = [_number("processes", p, int) for p in _split(_pick(args, "processes"))]
     durability = _pick(args, "durability")
     specs: list[QueueSpec] = []
     for entry in file_cfg.get("queues", []):
-        specs.append(QueueSpec(name=entry["name"], handler=entry["handler"],
+        entry_tasks = tuple(_split(entry.get("tasks"))) or tasks
+        if not entry.get("handler"):
+            _check_has_tasks(entry["name"], entry_tasks)
+        specs.append(QueueSpec(name=entry["name"], handler=entry.get("handler", ""),
                                processes=int(entry.get("processes", 1)),
-                               durability=entry.get("durability", durability)))
+                               durability=entry.get("durability", durability),
+                               tasks=entry_tasks))
     for i, name in enumerate(names):
-        if not handlers:
-            raise ConfigError(f"queue {name!r} needs --handler MODULE:CALLABLE "
-                              f"(or {ENV_VARS['handler']})")
-        handler = handlers[i] if i < len(handlers) else handlers[-1]
+        if not handlers and not tasks:
+            raise ConfigError(f"queue {name!r} needs --handler MODULE:CALLABLE or --tasks MODULE "
+                              f"(or {ENV_VARS['handler']} / {ENV_VARS['tasks']})")
+        handler = (handlers[i] if i < len(handlers) else handlers[-1]) if handlers else ""
+        if not handler:
+            _check_has_tasks(name, tasks)
         count = processes[i] if i < len(processes) else (processes[-1] if processes else 1)
         specs.append(QueueSpec(name=name, handler=handler, processes=count,
-                               durability=durability))
+                               durability=durability, tasks=tasks))
     if not specs:
         raise ConfigError(f"no queue given: use --queue NAME --handler MODULE:CALLABLE "
                           f"(or {ENV_VARS['queue']} / {ENV_VARS['handler']}, or --config)")
@@ -166,13 +178,39 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     )
 
 
+def _task_queues(modules: tuple[str, ...]) -> list[str]:
+    """Every queue the tasks of these modules name (importing them)."""
+    from echomq.supervisor.handlers import import_task_modules
+
+    from echomq.task import queues
+
+    import_task_modules(modules)
+    found = queues()
+    if not found:
+        raise ConfigError(f"--tasks {','.join(modules)}: no @echomq.task functions registered")
+    return found
+
+
+def _check_has_tasks(queue: str, modules: tuple[str, ...]) -> None:
+    from echomq.supervisor.handlers import import_task_modules
+
+    from echomq.task import tasks_on
+
+    if not modules:
+        raise ConfigError(f"queue {queue!r} needs a handler or tasks")
+    import_task_modules(modules)
+    if not tasks_on(queue):
+        raise ConfigError(f"queue {queue!r}: no task of --tasks {','.join(modules)} is on it "
+                          "(and no --handler)")
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     from echomq.supervisor.arbiter import Arbiter
     from echomq.supervisor.health import Health
 
+    _handler_import_path()  # before the settings: --tasks modules are imported there
     settings = settings_from_args(args)
     logs.setup(settings.log_json, settings.log_level)
-    _handler_import_path()
     floor = _open_floor(settings.floor_url) if settings.floor_url else None
     factory = None
     if floor is not None:

@@ -18,6 +18,7 @@ ENV_VARS: dict[str, str] = {
     "redis_url": "ECHOMQ_REDIS_URL",
     "queue": "ECHOMQ_QUEUE",
     "handler": "ECHOMQ_HANDLER",
+    "tasks": "ECHOMQ_TASKS",
     "processes": "ECHOMQ_PROCESSES",
     "floor_url": "ECHOMQ_FLOOR_URL",
     "durability": "ECHOMQ_DURABILITY",
@@ -44,12 +45,17 @@ DURABILITIES = ("volatile", "folded", "sync")
 
 @dataclass(frozen=True)
 class QueueSpec:
-    """One queue served by the supervisor: its handler and how many processes run it."""
+    """One queue served by the supervisor: its handler and how many processes run it.
+
+    ``tasks``: modules whose registered tasks on this queue run by job name; with a
+    ``handler`` too, jobs no task claims go to the handler.
+    """
 
     name: str
     handler: str
     processes: int = 1
     durability: str | None = None  # None: "folded" with a floor, "volatile" without
+    tasks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
   admit: write jobs that are claimable now and push each onto its lane.
 
   Idempotent per job id: an id whose hash already exists, or that is spilled
-  (held by the floor alone), is left unchanged.
-  A lane that goes from empty to non-empty joins the ring. Rings the doorbell
+  (held by the floor alone), is left unchanged. An id still reserved by
+  dedup_ms after its job completed (key "dedup:<id>", built inside) counts as
+  existing. A lane that goes from empty to non-empty joins the ring. Rings the doorbell
   once when anything was admitted.
 
   Input:
@@ -13,7 +14,8 @@
     KEYS[4] stats    counters (field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"  (job hashes and lane lists are built from it)
     ARGV[2] n, the number of jobs
-    ARGV[3..] per job, 7 values: id, name, payload, lane, max_attempts, max_stalls, backoff
+    ARGV[3..] per job, 9 values: id, name, payload, lane, max_attempts, max_stalls, backoff,
+              timeout_ms ('' for none), dedup_ms ('' for none)
 
   Output:
     an array of n integers: 1 admitted, 0 already existed
@@ -25,16 +27,19 @@ local n = tonumber(ARGV[2])
 local out = {}
 local admitted = false
 for i = 0, n - 1 do
-  local b = 3 + i * 7
+  local b = 3 + i * 9
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
-  if redis.call('EXISTS', jk) == 1 or redis.call('SISMEMBER', KEYS[3], id) == 1 then
+  if redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0
+      or redis.call('SISMEMBER', KEYS[3], id) == 1 then
     out[i + 1] = 0
   else
     local lane = ARGV[b + 3]
     redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
       'lane', lane, 'state', 'waiting', 'attempts', 0, 'max_attempts', ARGV[b + 4],
       'stalls', 0, 'max_stalls', ARGV[b + 5], 'backoff', ARGV[b + 6], 'created_ms', now)
+    if ARGV[b + 7] ~= '' then redis.call('HSET', jk, 'timeout_ms', ARGV[b + 7]) end
+    if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'dedup_ms', ARGV[b + 8]) end
     if redis.call('RPUSH', prefix .. 'lane:' .. lane, id) == 1 then
       redis.call('RPUSH', KEYS[1], lane)
     end

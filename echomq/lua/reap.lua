@@ -9,8 +9,9 @@
     "stall"     stalls + 1; past max_stalls the job goes dead instead
     "requeue"   nothing (a drain that ran out of time)
     "unstarted" attempts - 1 (the job never began)
-  Rings the doorbell when any job became claimable. Job hashes and lane lists
-  are built inside.
+  Rings the doorbell when any job became claimable, and a buried job's result
+  doorbell "done:<id>" when a result waiter marked it. Job hashes, lane lists
+  and doorbells are built inside.
 
   Input:
     KEYS[1] leases  KEYS[2] ring  KEYS[3] wake  KEYS[4] dead  KEYS[5] stats
@@ -44,7 +45,7 @@ local buried = 0
 for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   local jk = prefix .. 'job:' .. id
-  local f = redis.call('HMGET', jk, 'lane', 'stalls', 'max_stalls', 'deferred')
+  local f = redis.call('HMGET', jk, 'lane', 'stalls', 'max_stalls', 'deferred', 'waited')
   if f[1] then
     local stalls = tonumber(f[2]) or 0  -- malformed counts read as missing ones
     if mode == 'stall' then stalls = stalls + 1 end
@@ -55,6 +56,10 @@ for _, id in ipairs(ids) do
       redis.call('ZADD', KEYS[4], now, id)
       redis.call('HINCRBY', KEYS[5], 'dead', 1)
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[7], id) end
+      if f[5] then
+        redis.call('LPUSH', prefix .. 'done:' .. id, 'd')
+        redis.call('PEXPIRE', prefix .. 'done:' .. id, 60000)
+      end
       buried = buried + 1
     else
       redis.call('HSET', jk, 'state', 'waiting', 'stalls', stalls)

@@ -1,7 +1,8 @@
 --[[
   schedule: write deferred jobs and add them to the schedule set by due time.
 
-  Idempotent per job id, like admit (a spilled id is taken too). Due time is the server clock plus the
+  Idempotent per job id, like admit (a spilled id, or one reserved by dedup_ms,
+  counts as taken). Due time is the server clock plus the
   delay, or an absolute time when one is given. When the queue folds onto a
   floor (meta field "fold", a lease expiry in ms, not yet passed), each new id is appended to the fold log.
   Rings the doorbell only when a new job became the schedule's head, so a
@@ -15,8 +16,9 @@
     KEYS[5] spilled   set of ids held by the floor alone
     ARGV[1] key prefix "emq:{q}:"  (job hashes are built from it)
     ARGV[2] n, the number of jobs
-    ARGV[3..] per job, 8 values: id, name, payload, lane, max_attempts, max_stalls,
-              backoff, due (">=0": absolute ms; "-<d>": d ms from now)
+    ARGV[3..] per job, 10 values: id, name, payload, lane, max_attempts, max_stalls,
+              backoff, timeout_ms ('' for none), dedup_ms ('' for none),
+              due (">=0": absolute ms; "-<d>": d ms from now)
 
   Output:
     an array of n integers: 1 scheduled, 0 already existed;
@@ -31,11 +33,11 @@ local prefix = ARGV[1]
 local n = tonumber(ARGV[2])
 local max_due = 99999999999999
 for i = 0, n - 1 do
-  local raw = ARGV[3 + i * 8 + 7]
+  local raw = ARGV[3 + i * 10 + 9]
   local due = tonumber(raw)
   if not due or due ~= due or due ~= math.floor(due) or due > max_due
       or (due < 0 and exact - due > max_due) then
-    return redis.error_reply('ERR invalid due time ' .. raw .. ' for job ' .. ARGV[3 + i * 8])
+    return redis.error_reply('ERR invalid due time ' .. raw .. ' for job ' .. ARGV[3 + i * 10])
   end
 end
 -- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
@@ -45,18 +47,21 @@ local head_due = head[2] and tonumber(head[2]) or nil
 local new_head = false
 local out = {}
 for i = 0, n - 1 do
-  local b = 3 + i * 8
+  local b = 3 + i * 10
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
-  if redis.call('EXISTS', jk) == 1 or redis.call('SISMEMBER', KEYS[5], id) == 1 then
+  if redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0
+      or redis.call('SISMEMBER', KEYS[5], id) == 1 then
     out[i + 1] = 0
   else
-    local due = tonumber(ARGV[b + 7])
+    local due = tonumber(ARGV[b + 9])
     if due < 0 then due = math.ceil(exact - due) end
     redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
       'lane', ARGV[b + 3], 'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[b + 4],
       'stalls', 0, 'max_stalls', ARGV[b + 5], 'backoff', ARGV[b + 6], 'created_ms', now,
       'due_ms', due, 'deferred', 1)
+    if ARGV[b + 7] ~= '' then redis.call('HSET', jk, 'timeout_ms', ARGV[b + 7]) end
+    if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'dedup_ms', ARGV[b + 8]) end
     redis.call('ZADD', KEYS[1], due, id)
     if fold then redis.call('RPUSH', KEYS[4], id) end
     if head_due == nil or due < head_due then

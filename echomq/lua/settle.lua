@@ -12,7 +12,11 @@
     "d" dead at once (an unknown handler, a corrupt payload).
   A settled job's token is set empty (no token matches it again). A finished
   job that was ever deferred is appended to the closed log when the
-  queue folds, so the floor drops its row. Job hashes are built inside.
+  queue folds, so the floor drops its row. A completed or dead job that a
+  result waiter marked ("waited") rings its result doorbell "done:<id>" with
+  "c" or "d", kept a minute (waiters that come later read the job itself); a
+  completed job with dedup_ms reserves its id in "dedup:<id>" that long. Job hashes, doorbells
+  and dedup keys are built inside.
 
   Input:
     KEYS[1] leases     KEYS[2] schedule  KEYS[3] dead    KEYS[4] completed
@@ -36,12 +40,18 @@ local n = tonumber(ARGV[4])
 local fold = (tonumber(redis.call('HGET', KEYS[7], 'fold') or '') or 0) >= now
 local out = {}
 local completed = 0
+local function ring_done(id, outcome)
+  local done = prefix .. 'done:' .. id
+  redis.call('LPUSH', done, outcome)
+  redis.call('PEXPIRE', done, 60000)
+end
 local rang = false
 for i = 0, n - 1 do
   local b = 5 + i * 5
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
-  local f = redis.call('HMGET', jk, 'token', 'attempts', 'max_attempts', 'deferred')
+  local f = redis.call('HMGET', jk, 'token', 'attempts', 'max_attempts', 'deferred', 'waited',
+    'dedup_ms')
   if f[1] ~= ARGV[b + 1] or ARGV[b + 1] == '' then
     out[i + 1] = 0
   else
@@ -67,6 +77,8 @@ for i = 0, n - 1 do
         redis.call('ZADD', KEYS[4], now, id)
       end
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end
+      if f[6] then redis.call('SET', prefix .. 'dedup:' .. id, '1', 'PX', f[6]) end
+      if f[5] then ring_done(id, 'c') end
       out[i + 1] = 1
     else
       redis.call('HSET', jk, 'state', 'dead', 'finished_ms', now, 'error', ARGV[b + 3],
@@ -74,6 +86,7 @@ for i = 0, n - 1 do
       redis.call('ZADD', KEYS[3], now, id)
       redis.call('HINCRBY', KEYS[6], 'dead', 1)
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end
+      if f[5] then ring_done(id, 'd') end
       out[i + 1] = 3
     end
   end
