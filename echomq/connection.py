@@ -1,11 +1,17 @@
-"""Redis connections: build clients from URLs, redact passwords, translate errors."""
+"""Redis connections: build clients from URLs, redact passwords, translate errors.
+
+Besides redis-py's URLs (``redis://``, ``rediss://``, ``unix://``), a Sentinel-managed
+primary is named by ``redis+sentinel://[USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/SERVICE[/DB]``:
+the hosts are Sentinels (port 26379 by default), SERVICE the name they monitor, and
+USER:PASSWORD the primary's ACL user. Clients follow a failover on their own.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 import redis.exceptions
@@ -26,9 +32,7 @@ def redact_url(url: str) -> str:
     if parts.password is None:
         return url
     user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
+    host = parts.netloc.rpartition("@")[2]  # host[:port], or a Sentinel list h1:p1,h2:p2
     netloc = f"{user}:***@{host}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
@@ -43,15 +47,44 @@ def describe(client: redis.Redis) -> str:
     return f"redis://{password}{host}:{port}/{db}"
 
 
+SENTINEL_SCHEMES = ("redis+sentinel", "valkey+sentinel")
+SENTINEL_PORT = 26379
+
+
 def client_from_url(url: str, **options: Any) -> redis.Redis:
     """A redis-py client for ``url``; options go to the connection pool."""
     options.setdefault("socket_connect_timeout", 5.0)
     options.setdefault("socket_timeout", 10.0)
     options.setdefault("health_check_interval", 0)
     try:
+        if url.partition("://")[0].lower() in SENTINEL_SCHEMES:
+            return _sentinel_client(url, options)
         return redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
+
+
+def _sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
+    """A client of the primary that the Sentinels in ``url`` name (see the module doc)."""
+    from redis.sentinel import Sentinel
+
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    sentinels = []
+    for item in hosts.split(","):
+        host, colon, port = item.rpartition(":") if ":" in item else (item, "", "")
+        if not host or (colon and not port.isdigit()):
+            raise ValueError(f"bad Sentinel address {item!r}")
+        sentinels.append((host, int(port) if port else SENTINEL_PORT))
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not 1 <= len(path) <= 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError("expected /SERVICE or /SERVICE/DB after the Sentinel hosts")
+    timeouts = {k: v for k, v in options.items() if k.startswith("socket_")}
+    sentinel = Sentinel(sentinels, sentinel_kwargs=timeouts)
+    return sentinel.master_for(path[0], db=int(path[1]) if len(path) == 2 else 0,
+                               username=unquote(user) or None,
+                               password=unquote(password) or None, **options)
 
 
 @contextlib.contextmanager
