@@ -21,6 +21,7 @@ DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "k8s"
 BASE = K8S / "base"
 OVERLAY = K8S / "overlays" / "example"
+OVERLAY_HA = K8S / "overlays" / "example-ha"
 
 # The echomq image's containers; other containers (valkey) get other checks.
 ECHOMQ_IMAGE_NAMES = {"echomq", "registry.example.com/echomq"}
@@ -149,6 +150,12 @@ def base() -> Rendered:
 @pytest.fixture(scope="session")
 def overlay() -> Rendered:
     return _render("overlay", OVERLAY)
+
+
+@pytest.fixture(scope="session")
+def overlay_ha() -> Rendered:
+    """The example with components/valkey-ha: three Valkey pods with Sentinels."""
+    return _render("overlay-ha", OVERLAY_HA)
 
 
 @pytest.fixture(params=["base", "overlay"])

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import pytest
+
 if TYPE_CHECKING:
     from conftest import Rendered
 
@@ -187,3 +189,106 @@ def test_startup_probe_waits_for_readiness(rendered: Rendered) -> None:
     container = rendered.supervisor_container()
     startup = container["startupProbe"]["httpGet"]
     assert startup["path"] == container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+# ------------------------------------------------------- 2. highly available
+
+
+def _script(container: dict[str, Any]) -> str:
+    assert container["command"] == ["sh", "-c"]
+    (script,) = container["args"]
+    return str(script)
+
+
+def test_ha_runs_three_valkeys_one_per_node_with_sentinels(overlay_ha: Rendered) -> None:
+    statefulset, spec, _container = _valkey_and_sentinel(overlay_ha)[:3]
+    assert statefulset["spec"]["replicas"] == 3
+    labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    (term,) = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= labels.items()
+    pdb = overlay_ha.one("PodDisruptionBudget", "echomq-valkey")["spec"]
+    assert pdb["selector"]["matchLabels"].items() <= labels.items()
+    assert pdb["minAvailable"] == 2, "one pod at a time: a primary and a replica always remain"
+
+
+def _valkey_and_sentinel(rendered: Rendered) -> tuple[Any, ...]:
+    statefulset = rendered.one("StatefulSet", "echomq-valkey")
+    spec = kz.pod_spec(statefulset)
+    containers = {c["name"]: c for c in spec["containers"]}
+    return statefulset, spec, containers["valkey"], containers["sentinel"]
+
+
+def test_ha_valkey_keeps_every_setting_of_the_base(overlay: Rendered,
+                                                   overlay_ha: Rendered) -> None:
+    _s, _spec, base_valkey = _valkey(overlay)
+    _s, _spec, valkey, _sentinel = _valkey_and_sentinel(overlay_ha)
+    script = _script(valkey)
+    for flag, value in _args(base_valkey).items():
+        shown = '""' if value == "" else value
+        assert f"{flag} {shown}" in script, (flag, value)
+    assert "--replicaof" in script and "masterauth" in script
+    assert "$REPLICATION_PASSWORD" in script and "--masterauth" not in script, \
+        "the replication password must not be on the command line"
+    assert valkey["resources"] == base_valkey["resources"]
+
+
+def test_ha_scripts_are_valid_shell(overlay_ha: Rendered) -> None:
+    import subprocess
+
+    _s, _spec, valkey, sentinel = _valkey_and_sentinel(overlay_ha)
+    for container in (valkey, sentinel):
+        done = subprocess.run(["sh", "-n", "-c", _script(container)], capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 0, (container["name"], done.stderr)
+
+
+def test_ha_sentinels_watch_with_a_quorum_of_two_and_their_own_user(
+        overlay_ha: Rendered) -> None:
+    _s, _spec, _valkey_c, sentinel = _valkey_and_sentinel(overlay_ha)
+    script = _script(sentinel)
+    assert re.search(r"sentinel monitor echomq \$primary 6379 2\b", script)
+    assert "sentinel auth-user echomq sentinel" in script
+    env = {item["name"]: item["valueFrom"]["secretKeyRef"] for item in sentinel["env"]
+           if "secretKeyRef" in item.get("valueFrom", {})}
+    assert env["SENTINEL_PASSWORD"] == {"name": "echomq-valkey-acl", "key": "sentinel-password"}
+    ports = {p["name"]: p["containerPort"] for p in sentinel["ports"]}
+    assert ports == {"sentinel": 26379}
+
+
+def test_ha_clients_reach_the_sentinels(overlay_ha: Rendered) -> None:
+    url = overlay_ha.one("Secret", "echomq-urls")["stringData"]["ECHOMQ_REDIS_URL"]
+    parts = urlsplit(url)
+    assert parts.scheme == "redis+sentinel" and parts.path == "/echomq/0"
+    hosts = parts.netloc.rpartition("@")[2].split(",")
+    assert hosts == [f"echomq-valkey-{i}.echomq-valkey:26379" for i in range(3)]
+    service = overlay_ha.one("Service", "echomq-valkey")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "valkey": 6379, "sentinel": 26379}
+    (rule,) = overlay_ha.one("NetworkPolicy", "echomq-valkey")["spec"]["ingress"]
+    assert {p["port"] for p in rule["ports"]} == {"valkey", "sentinel"}
+    peers = [peer["podSelector"]["matchLabels"] for peer in rule["from"]]
+    valkey_labels = overlay_ha.one("StatefulSet", "echomq-valkey")["spec"]["template"][
+        "metadata"]["labels"]
+    assert any(peer.items() <= valkey_labels.items() for peer in peers), "replication"
+
+
+def test_ha_acl_adds_replication_and_sentinel_users(overlay: Rendered,
+                                                   overlay_ha: Rendered) -> None:
+    secret = overlay_ha.one("Secret", "echomq-valkey-acl")["stringData"]
+    users = acl_users(secret["users.acl"])
+    assert f">{secret['replication-password']}" in users["replication"]
+    assert f">{secret['sentinel-password']}" in users["sentinel"]
+    assert "+psync" in users["replication"] and "~emq:*" not in users["replication"]
+    single = acl_users(overlay.one("Secret", "echomq-valkey-acl")["stringData"]["users.acl"])
+    assert {role: users[role] for role in single} == single, "the roles' rules drifted apart"
+
+
+@pytest.mark.parametrize("version", ["1.27.0"])
+def test_ha_objects_validate(overlay_ha: Rendered, version: str) -> None:
+    import kubernetes_validate
+
+    for doc in overlay_ha.docs:
+        if doc["apiVersion"].startswith(("keda.sh", "monitoring.coreos.com")):
+            continue
+        kubernetes_validate.validate(doc, version, strict=True)
