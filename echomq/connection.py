@@ -4,11 +4,18 @@ Besides redis-py's URLs (``redis://``, ``rediss://``, ``unix://``), a Sentinel-m
 primary is named by ``redis+sentinel://[USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/SERVICE[/DB]``:
 the hosts are Sentinels (port 26379 by default), SERVICE the name they monitor, and
 USER:PASSWORD the primary's ACL user. Clients follow a failover on their own.
+
+TLS: a ``rediss://`` URL verifies the server's certificate against the system's CAs,
+or the CA file in its query (``?ssl_ca_certs=PATH``); a client certificate comes from
+``ssl_certfile`` / ``ssl_keyfile`` in the query. The same three can be set for every
+client of a process by ``ECHOMQ_REDIS_TLS_CA_FILE``, ``ECHOMQ_REDIS_TLS_CERT_FILE``
+and ``ECHOMQ_REDIS_TLS_KEY_FILE`` (the URL's query wins).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -16,7 +23,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import redis
 import redis.exceptions
 
-from echomq.errors import ConnectionFailed
+from echomq.errors import ConnectionFailed, PermissionDenied
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 # what an unreachable, stalled or restarting server raises: retry later, never crash
@@ -49,6 +56,24 @@ def describe(client: redis.Redis) -> str:
 
 SENTINEL_SCHEMES = ("redis+sentinel", "valkey+sentinel")
 SENTINEL_PORT = 26379
+#: environment variable -> redis-py option, for every rediss:// client of the process
+TLS_ENV = {
+    "ECHOMQ_REDIS_TLS_CA_FILE": "ssl_ca_certs",
+    "ECHOMQ_REDIS_TLS_CERT_FILE": "ssl_certfile",
+    "ECHOMQ_REDIS_TLS_KEY_FILE": "ssl_keyfile",
+}
+
+
+def _tls_options(url: str, options: dict[str, Any]) -> None:
+    """Add the ECHOMQ_REDIS_TLS_* files to a rediss:// client's options, unless the URL's
+    query or the caller already names them."""
+    if url.partition("://")[0].lower() != "rediss":
+        return
+    query = urlsplit(url).query
+    for variable, option in TLS_ENV.items():
+        value = os.environ.get(variable)
+        if value and option not in options and f"{option}=" not in query:
+            options[option] = value
 
 
 def client_from_url(url: str, **options: Any) -> redis.Redis:
@@ -59,6 +84,7 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
     try:
         if url.partition("://")[0].lower() in SENTINEL_SCHEMES:
             return _sentinel_client(url, options)
+        _tls_options(url, options)
         return redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
@@ -92,5 +118,13 @@ def translated(where: str) -> Iterator[None]:
     """Turn redis-py connection and timeout errors into ConnectionFailed naming ``where``."""
     try:
         yield
+    except redis.exceptions.NoPermissionError as exc:
+        raise PermissionDenied(
+            f"Valkey/Redis at {where} refused a command (NOPERM): {exc}. The ACL user needs "
+            "the rule of its role (producer, supervisor, operator) in docs/security.md") from exc
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise ConnectionFailed(f"cannot reach Valkey/Redis at {where}: {exc}") from exc
+        hint = ""
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "certificate verify failed" in str(exc):
+            hint = (" (the server's TLS certificate was not accepted: give the CA that signed "
+                    "it as ?ssl_ca_certs=PATH in the URL or ECHOMQ_REDIS_TLS_CA_FILE)")
+        raise ConnectionFailed(f"cannot reach Valkey/Redis at {where}: {exc}{hint}") from exc
