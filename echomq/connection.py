@@ -26,8 +26,11 @@ import redis.exceptions
 from echomq.errors import ConnectionFailed, PermissionDenied
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-# what an unreachable, stalled or restarting server raises: retry later, never crash
-NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# what an unreachable, stalled or restarting server raises: retry later, never crash.
+# An ACL refusal (NOPERM) is retried the same way: a rule fixed on the server heals a
+# running supervisor, where a crash would only restart it into the same refusal.
+NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+                  redis.exceptions.NoPermissionError)
 
 
 def redact_url(url: str) -> str:
@@ -118,7 +121,11 @@ def translated(where: str) -> Iterator[None]:
     """Turn redis-py connection and timeout errors into ConnectionFailed naming ``where``."""
     try:
         yield
-    except redis.exceptions.NoPermissionError as exc:
+    except redis.exceptions.ResponseError as exc:
+        # NOPERM for a command; "ACL failure in script: ..." for one a script ran
+        if not isinstance(exc, redis.exceptions.NoPermissionError) and \
+                "no permissions to run" not in str(exc):
+            raise
         raise PermissionDenied(
             f"Valkey/Redis at {where} refused a command (NOPERM): {exc}. The ACL user needs "
             "the rule of its role (producer, supervisor, operator) in docs/security.md") from exc
