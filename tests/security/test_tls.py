@@ -138,3 +138,16 @@ def test_json_logs_name_the_tls_url_without_secrets(
                          env={"ECHOMQ_TEST_LEDGER_URL": url})
     line = sup.wait_for('"event": "start"')
     assert f"rediss://127.0.0.1:{tls_redis.port}" in json.loads(line)["msg"]
+
+
+def test_a_standalone_consumer_over_tls(tls_redis: LocalRedis, certs: Certs,
+                                        queue_name: str) -> None:
+    url = _url(tls_redis, certs.ca)
+    q = echomq.Queue(queue_name, redis_url=url)
+    ids = [q.add("x", {"n": n}) for n in range(5)]
+    seen: list[int] = []
+    consumer = echomq.Consumer(queue_name, lambda job: seen.append(job.payload["n"]),
+                               redis_url=url, beat_ms=100)
+    assert consumer.run(burst=True) == 5
+    assert sorted(seen) == list(range(5))
+    assert all(q.get(i).state == "completed" for i in ids)  # type: ignore[union-attr]
