@@ -118,7 +118,8 @@ def _sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
 
 @contextlib.contextmanager
 def translated(where: str) -> Iterator[None]:
-    """Turn redis-py connection and timeout errors into ConnectionFailed naming ``where``."""
+    """Turn redis-py connection and timeout errors into ConnectionFailed, and ACL refusals
+    into PermissionDenied, each naming ``where`` (redacted)."""
     try:
         yield
     except redis.exceptions.ResponseError as exc:
