@@ -95,8 +95,9 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
 
 def _sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
     """A client of the primary that the Sentinels in ``url`` name (see the module doc)."""
-    from redis.sentinel import Sentinel
+    from redis import sentinel as redis_sentinel
 
+    sentinel_class: Any = redis_sentinel.Sentinel  # redis-py leaves it untyped
     parts = urlsplit(url)
     userinfo, _, hosts = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
@@ -110,10 +111,11 @@ def _sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
     if not 1 <= len(path) <= 2 or (len(path) == 2 and not path[1].isdigit()):
         raise ValueError("expected /SERVICE or /SERVICE/DB after the Sentinel hosts")
     timeouts = {k: v for k, v in options.items() if k.startswith("socket_")}
-    sentinel = Sentinel(sentinels, sentinel_kwargs=timeouts)
-    return sentinel.master_for(path[0], db=int(path[1]) if len(path) == 2 else 0,
-                               username=unquote(user) or None,
-                               password=unquote(password) or None, **options)
+    sentinel = sentinel_class(sentinels, sentinel_kwargs=timeouts)
+    client: redis.Redis = sentinel.master_for(
+        path[0], db=int(path[1]) if len(path) == 2 else 0, username=unquote(user) or None,
+        password=unquote(password) or None, **options)
+    return client
 
 
 @contextlib.contextmanager
