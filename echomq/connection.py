@@ -1,20 +1,37 @@
-"""Redis connections: build clients from URLs, redact passwords, translate errors."""
+"""Redis connections: build clients from URLs, redact passwords, translate errors.
+
+Besides redis-py's URLs (``redis://``, ``rediss://``, ``unix://``), a Sentinel-managed
+primary is named by ``redis+sentinel://[USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/SERVICE[/DB]``:
+the hosts are Sentinels (port 26379 by default), SERVICE the name they monitor, and
+USER:PASSWORD the primary's ACL user. Clients follow a failover on their own.
+
+TLS: a ``rediss://`` URL verifies the server's certificate against the system's CAs,
+or the CA file in its query (``?ssl_ca_certs=PATH``); a client certificate comes from
+``ssl_certfile`` / ``ssl_keyfile`` in the query. The same three can be set for every
+client of a process by ``ECHOMQ_REDIS_TLS_CA_FILE``, ``ECHOMQ_REDIS_TLS_CERT_FILE``
+and ``ECHOMQ_REDIS_TLS_KEY_FILE`` (the URL's query wins).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.exceptions
 
-from echomq.errors import ConnectionFailed
+from echomq.errors import ConnectionFailed, PermissionDenied
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-# what an unreachable, stalled or restarting server raises: retry later, never crash
-NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# what an unreachable, stalled or restarting server raises: retry later, never crash.
+# An ACL refusal (NOPERM) is retried the same way: a rule fixed on the server heals a
+# running supervisor, where a crash would only restart it into the same refusal.
+NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+                  redis.exceptions.NoPermissionError)
 
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#]*)@")
 _QUERY_PASSWORD = re.compile(r"(?i)([?&;](?:password|pass|pwd)=)[^&;#]*")
@@ -47,21 +64,84 @@ def describe(client: redis.Redis) -> str:
     return f"redis://{password}{host}:{port}/{db}"
 
 
+SENTINEL_SCHEMES = ("redis+sentinel", "valkey+sentinel")
+SENTINEL_PORT = 26379
+#: environment variable -> redis-py option, for every rediss:// client of the process
+TLS_ENV = {
+    "ECHOMQ_REDIS_TLS_CA_FILE": "ssl_ca_certs",
+    "ECHOMQ_REDIS_TLS_CERT_FILE": "ssl_certfile",
+    "ECHOMQ_REDIS_TLS_KEY_FILE": "ssl_keyfile",
+}
+
+
+def _tls_options(url: str, options: dict[str, Any]) -> None:
+    """Add the ECHOMQ_REDIS_TLS_* files to a rediss:// client's options, unless the URL's
+    query or the caller already names them."""
+    if url.partition("://")[0].lower() != "rediss":
+        return
+    query = urlsplit(url).query
+    for variable, option in TLS_ENV.items():
+        value = os.environ.get(variable)
+        if value and option not in options and f"{option}=" not in query:
+            options[option] = value
+
+
 def client_from_url(url: str, **options: Any) -> redis.Redis:
     """A redis-py client for ``url``; options go to the connection pool."""
     options.setdefault("socket_connect_timeout", 5.0)
     options.setdefault("socket_timeout", 10.0)
     options.setdefault("health_check_interval", 0)
     try:
+        if url.partition("://")[0].lower() in SENTINEL_SCHEMES:
+            return _sentinel_client(url, options)
+        _tls_options(url, options)
         return redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
 
 
+def _sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
+    """A client of the primary that the Sentinels in ``url`` name (see the module doc)."""
+    from redis import sentinel as redis_sentinel
+
+    sentinel_class: Any = redis_sentinel.Sentinel  # redis-py leaves it untyped
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    sentinels = []
+    for item in hosts.split(","):
+        host, colon, port = item.rpartition(":") if ":" in item else (item, "", "")
+        if not host or (colon and not port.isdigit()):
+            raise ValueError(f"bad Sentinel address {item!r}")
+        sentinels.append((host, int(port) if port else SENTINEL_PORT))
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not 1 <= len(path) <= 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError("expected /SERVICE or /SERVICE/DB after the Sentinel hosts")
+    timeouts = {k: v for k, v in options.items() if k.startswith("socket_")}
+    sentinel = sentinel_class(sentinels, sentinel_kwargs=timeouts)
+    client: redis.Redis = sentinel.master_for(
+        path[0], db=int(path[1]) if len(path) == 2 else 0, username=unquote(user) or None,
+        password=unquote(password) or None, **options)
+    return client
+
+
 @contextlib.contextmanager
 def translated(where: str) -> Iterator[None]:
-    """Turn redis-py connection and timeout errors into ConnectionFailed naming ``where``."""
+    """Turn redis-py connection and timeout errors into ConnectionFailed, and ACL refusals
+    into PermissionDenied, each naming ``where`` (redacted)."""
     try:
         yield
+    except redis.exceptions.ResponseError as exc:
+        # NOPERM for a command; "ACL failure in script: ..." for one a script ran
+        if not isinstance(exc, redis.exceptions.NoPermissionError) and \
+                "no permissions to run" not in str(exc):
+            raise
+        raise PermissionDenied(
+            f"Valkey/Redis at {where} refused a command (NOPERM): {exc}. The ACL user needs "
+            "the rule of its role (producer, supervisor, operator) in docs/security.md") from exc
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise ConnectionFailed(f"cannot reach Valkey/Redis at {where}: {exc}") from exc
+        hint = ""
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "certificate verify failed" in str(exc):
+            hint = (" (the server's TLS certificate was not accepted: give the CA that signed "
+                    "it as ?ssl_ca_certs=PATH in the URL or ECHOMQ_REDIS_TLS_CA_FILE)")
+        raise ConnectionFailed(f"cannot reach Valkey/Redis at {where}: {exc}{hint}") from exc

@@ -27,6 +27,10 @@ class ConnectionFailed(EchoMQError, ConnectionError):
     """The Valkey/Redis server cannot be reached. The message carries the redacted URL."""
 
 
+class PermissionDenied(EchoMQError, PermissionError):
+    """The server's ACL refused a command: the message names it and where the role rules are."""
+
+
 class CorruptJob(EchoMQError):
     """A job hash lacks required fields or holds a payload that is not valid JSON."""
 

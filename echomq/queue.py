@@ -15,7 +15,7 @@ from echomq import results, scripts
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.connection import DEFAULT_URL, client_from_url, describe, redact_url, translated
-from echomq.errors import InvalidName, InvalidSchedule, PayloadError
+from echomq.errors import ConfigError, InvalidName, InvalidSchedule, PayloadError
 from echomq.job import STATES, Job
 from echomq.keys import DEFAULT_LANE, Keys, validate_job_id, validate_name
 
@@ -47,7 +47,8 @@ class Queue:
         **overrides: Any,
     ) -> None:
         self.name = validate_name(name)
-        self.floor = floor  # an echomq.floor.Floor: with durability "sync", add() writes it
+        # an echomq.floor.Floor: when the queue's dial is "sync", add() writes deferred jobs to it
+        self.floor = floor
         self.keys = Keys(name)
         self.settings = (settings or QueueSettings()).with_overrides(**overrides)
         self._waiters = None
@@ -86,10 +87,12 @@ class Queue:
         """
         spec = self._spec(name, payload, lane, delay, run_at, job_id, max_attempts, backoff,
                           timeout, dedup_s)
+        sync = self._must_sync([spec])
         [(script, keys, args)] = self._calls([spec])
         with translated(self.where):
             script(self.redis, keys, args)
-        self._sync_to_floor([spec])
+        if sync:
+            self._sync_to_floor([spec])
         return spec[0]
 
     def add_many(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[str]:
@@ -100,9 +103,11 @@ class Queue:
         """
         specs = self._specs(jobs)
         if specs:
+            sync = self._must_sync(specs)
             with translated(self.where):
                 scripts.execute(self.redis, self._calls(specs))
-            self._sync_to_floor(specs)
+            if sync:
+                self._sync_to_floor(specs)
         return [s[0] for s in specs]
 
     def _specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
@@ -130,10 +135,30 @@ class Queue:
                                     opts.get("timeout"), opts.get("dedup_s")))
         return specs
 
+    def _dial(self) -> str | None:
+        """The queue's durability dial: the one its supervisor recorded in the queue's meta,
+        else this producer's own setting (None when neither says)."""
+        with translated(self.where):
+            recorded = self.redis.hget(self.keys.meta, "durability")
+        if recorded:
+            return recorded.decode() if isinstance(recorded, bytes) else str(recorded)
+        return self.settings.durability
+
+    def _must_sync(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> bool:
+        """True when these jobs include deferred ones and the dial says "sync"; a producer
+        without a floor then refuses before admitting anything, rather than downgrade."""
+        if all(s[2] is None for s in specs):
+            return False  # only deferred jobs go to the floor
+        sync = "sync" in (self._dial(), self.settings.durability)
+        if sync and self.floor is None:
+            raise ConfigError(
+                f"queue {self.name!r} has durability 'sync': deferred jobs must reach the floor "
+                "before add() returns, and this producer has no floor. Pass "
+                "floor=echomq.floor.Floor.from_url(FLOOR_URL) to Queue (nothing was admitted)")
+        return sync
+
     def _sync_to_floor(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> None:
         """Durability "sync": deferred jobs are on the floor before add() returns."""
-        if self.settings.durability != "sync" or self.floor is None:
-            return
         from echomq.floor.writethrough import write_through
 
         ids = [s[0] for s in specs if s[2] is not None]

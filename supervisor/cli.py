@@ -242,8 +242,11 @@ def _handler_import_path() -> None:
 def _open_floor(url: str) -> Any:
     from echomq.floor import Floor
 
-    # short waits: the scheduler runs in the supervisor's loop, which must not stall on the floor
-    floor = Floor.from_url(url, busy_timeout_ms=300, connect_timeout_s=2)
+    # every floor call bounded: a hung floor delays folding (on the scheduler's thread), and
+    # the scheduler backs off and retries; the supervisor's loop never waits on the floor
+    floor = Floor.from_url(url, busy_timeout_ms=300, connect_timeout_s=2,
+                           statement_timeout_ms=5000, lock_timeout_ms=2000,
+                           tcp_user_timeout_ms=10_000)
     try:
         floor.check_at_head()
     except FloorSchemaError:
@@ -259,15 +262,21 @@ def _open_floor(url: str) -> Any:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    import logging
+
     from echomq.floor import Floor
 
+    log_json = _pick(args, "log_json")
+    logs.setup(parse_bool(log_json or "0"), _pick(args, "log_level") or "INFO")
     url = _pick(args, "floor_url")
     if not url:
         raise ConfigError(f"migrate needs --floor-url (or {ENV_VARS['floor_url']})")
-    floor = Floor.from_url(url)
+    # no statement bound: a migration may rewrite a large table; its lock waits stay bounded
+    floor = Floor.from_url(url, statement_timeout_ms=0)
     try:
         floor.upgrade(args.revision)
-        print(f"floor {floor.url_redacted} at revision {floor.current_revision()}")
+        logs.event(logging.getLogger("echomq.migrate"), "migrated", "floor %s at revision %s",
+                   floor.url_redacted, floor.current_revision())
     finally:
         floor.dispose()
     return 0

@@ -12,7 +12,9 @@ grows until the floor answers again.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -50,7 +52,7 @@ def _due_ms(h: dict[str, str]) -> int | None:
 
 
 class Scheduler:
-    """The floor side of one queue, driven by the arbiter's loop (``tick`` when ``deadline``)."""
+    """The floor side of one queue: ``tick`` when ``deadline`` (:class:`SchedulerThread`)."""
 
     def __init__(self, queue: str, client: redis.Redis, floor: Floor, *, beat_ms: int,
                  horizon_s: float, clock_offset_ms: int = 0,
@@ -424,12 +426,66 @@ class Scheduler:
         return apply
 
 
-def make_factory(settings: Any, floor: Floor) -> Callable[[Any], Scheduler]:
+class SchedulerThread:
+    """Runs one queue's :class:`Scheduler` on a thread of its own.
+
+    The floor is a remote database: a lock held by someone else, a paused or
+    partitioned server can make one call wait for as long as its timeouts allow.
+    Off the arbiter's loop, such a wait delays only folding; signals, children,
+    the metronome and ``/livez`` carry on. The arbiter's interface is kept:
+    ``deadline`` is never due (the thread keeps its own), ``tick`` does nothing.
+    """
+
+    JOIN_S = 5.0  # close(): how long to let a beat in progress finish
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.queue = scheduler.queue
+        self._stop = threading.Event()
+        self.beat_started: float | None = None  # monotonic start of the beat in progress
+        self._thread = threading.Thread(target=self._run, name=f"echomq-scheduler-{self.queue}",
+                                        daemon=True)
+        self._thread.start()
+
+    def deadline(self) -> float:
+        return math.inf
+
+    def tick(self, now: float) -> None:
+        """Nothing: the thread keeps the beat."""
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = self.scheduler.snapshot()
+        started = self.beat_started
+        snap["beat_running_s"] = round(time.monotonic() - started, 3) if started else 0.0
+        return snap
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(self.JOIN_S)  # a beat stuck past its timeouts is left to exit with us
+        self.scheduler.close()
+
+    def _run(self) -> None:
+        while True:
+            wait = max(0.0, self.scheduler.deadline() - time.monotonic())
+            if self._stop.wait(wait):  # the stop event doubles as the beat's timer
+                return
+            self.beat_started = time.monotonic()
+            try:
+                self.scheduler.tick(self.beat_started)
+            except Exception:  # a thread that died would stop folding for good
+                log.exception("queue %s: scheduler beat failed", self.queue)
+                self.scheduler.next_tick = time.monotonic() + self.scheduler.beat_s
+            finally:
+                self.beat_started = None
+
+
+def make_factory(settings: Any, floor: Floor) -> Callable[[Any], SchedulerThread]:
     """A factory the arbiter calls once per queue (for queues whose dial is not volatile)."""
-    def factory(rt: Any) -> Scheduler | None:
+    def factory(rt: Any) -> SchedulerThread | None:
         if settings.durability_of(rt.spec) == "volatile":
             return None
-        return Scheduler(rt.spec.name, rt.metronome.client, floor, beat_ms=settings.beat_ms,
-                         horizon_s=settings.spill_horizon)
+        return SchedulerThread(Scheduler(
+            rt.spec.name, rt.metronome.client, floor, beat_ms=settings.beat_ms,
+            horizon_s=settings.spill_horizon))
 
     return factory  # type: ignore[return-value]
