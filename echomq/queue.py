@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -19,6 +20,7 @@ from echomq.errors import ConfigError, InvalidName, InvalidSchedule, PayloadErro
 from echomq.job import STATES, Job
 from echomq.keys import DEFAULT_LANE, Keys, validate_job_id, validate_name
 
+DIAL_TTL_S = 5.0  # how long a producer trusts the durability dial it read from the meta
 ADMIT_BATCH = 500  # jobs per script call in add_many: bounds one script's run time
 # Due times are stored as integer ms text; past 10**14 Lua would write them as floats
 # ("1e+14"), so schedules end well before that: year 5000, or 100 years from now.
@@ -52,6 +54,7 @@ class Queue:
         self.keys = Keys(name)
         self.settings = (settings or QueueSettings()).with_overrides(**overrides)
         self._waiters = None
+        self._dial_read: tuple[float, str | None] | None = None  # (when, meta's dial)
         if redis is not None:
             self.redis = redis
             self.where = describe(redis)
@@ -137,12 +140,15 @@ class Queue:
 
     def _dial(self) -> str | None:
         """The queue's durability dial: the one its supervisor recorded in the queue's meta,
-        else this producer's own setting (None when neither says)."""
-        with translated(self.where):
-            recorded = self.redis.hget(self.keys.meta, "durability")
-        if recorded:
-            return recorded.decode() if isinstance(recorded, bytes) else str(recorded)
-        return self.settings.durability
+        else this producer's own setting (None when neither says). The recorded dial is
+        read at most every DIAL_TTL_S per Queue, so deferred adds keep one round trip."""
+        now = time.monotonic()
+        if self._dial_read is None or now - self._dial_read[0] > DIAL_TTL_S:
+            with translated(self.where):
+                recorded = self.redis.hget(self.keys.meta, "durability")
+            text = recorded.decode() if isinstance(recorded, bytes) else recorded
+            self._dial_read = (now, text or None)
+        return self._dial_read[1] or self.settings.durability
 
     def _must_sync(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> bool:
         """True when these jobs include deferred ones and the dial says "sync"; a producer

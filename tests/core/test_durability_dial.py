@@ -70,3 +70,19 @@ def test_a_producer_asking_for_sync_itself_is_held_to_it(
     q = echomq.Queue(queue_name, redis_url=redis_url, durability="sync")
     with pytest.raises(ConfigError, match="no floor"):
         q.add("send", {}, delay=60)
+
+
+def test_a_running_producer_learns_a_new_dial_within_its_ttl(
+        redis_url: str, queue_name: str, floor: Floor, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import echomq.queue
+
+    monkeypatch.setattr(echomq.queue, "DIAL_TTL_S", 0.2)
+    _supervisor_records(redis_url, queue_name, "folded", "sqlite:///unused.db")
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add("send", {}, delay=3600)  # reads "folded" and trusts it for the TTL
+    _supervisor_records(redis_url, queue_name, "sync", "sqlite:///unused.db")
+    threading.Event().wait(0.3)  # let the producer's reading of the dial age past its TTL
+    with pytest.raises(ConfigError, match="durability 'sync'"):
+        q.add("send", {}, delay=3600)
