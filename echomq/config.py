@@ -10,6 +10,7 @@ from echomq.backoff import Backoff
 from echomq.errors import ConfigError
 
 DURABILITIES = ("volatile", "folded", "sync")
+DOORBELLS = ("list", "marker")  # what consumers park on: BLPOP wake, or BZPOPMIN marker
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class QueueSettings:
     ``keep_completed`` bounds how many completed jobs keep their hash (0 drops
     them at once, None keeps all); ``keep_completed_s`` drops those older than
     that many seconds. ``claim_batch`` is how many jobs one claim may lease.
+    ``doorbell`` is what consumers park on (``list`` or ``marker``, see echomq.wake).
     """
 
     max_payload_bytes: int = 512 * 1024
@@ -32,6 +34,7 @@ class QueueSettings:
     keep_completed: int | None = 1000
     keep_completed_s: float | None = 24 * 3600.0
     durability: str | None = None
+    doorbell: str = "list"
 
     def __post_init__(self) -> None:
         checks = (
@@ -48,6 +51,7 @@ class QueueSettings:
              "keep_completed_s must be >= 0 or None"),
             (self.durability is None or self.durability in DURABILITIES,
              f"durability must be one of {', '.join(DURABILITIES)}"),
+            (self.doorbell in DOORBELLS, f"doorbell must be one of {', '.join(DOORBELLS)}"),
         )
         for ok, message in checks:
             if not ok:

@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"JSON log lines {_env_help('log_json')}")
     start.add_argument("--log-level", help=f"log level {_env_help('log_level')}")
     start.add_argument("--config", help=f"TOML or JSON file with queues {_env_help('config')}")
+    start.add_argument("--doorbell", choices=("list", "marker"),
+                       help="what the metronome parks on: BLPOP on the wake list (default) or "
+                       f"BZPOPMIN on the marker zset {_env_help('doorbell')}")
+    start.add_argument("--switch-doorbell", action="store_true", default=None,
+                       help="record --doorbell in the queue's meta even if it names the other "
+                       "kind (stop every consumer of the queue first) "
+                       f"{_env_help('switch_doorbell')}")
 
     migrate = sub.add_parser("migrate", help="upgrade the floor's schema to head")
     migrate.add_argument("--floor-url", help=f"SQL floor URL {_env_help('floor_url')}")
@@ -152,7 +159,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         or DEFAULT_SPILL_HORIZON_S,
         log_json=log_json if isinstance(log_json, bool) else parse_bool(log_json or "0"),
         log_level=_pick(args, "log_level") or "INFO",
+        doorbell=_pick(args, "doorbell") or "list",
+        switch_doorbell=_flag(_pick(args, "switch_doorbell")),
     )
+
+
+def _flag(value: Any) -> bool:
+    return value if isinstance(value, bool) else parse_bool(value or "0")
 
 
 def cmd_start(args: argparse.Namespace) -> int:

@@ -51,7 +51,11 @@ if ARGV[2] == 'spilled' and restored > 0 then
   redis.call('HINCRBY', KEYS[3], 'spilled', -restored)
 end
 if new_head then
-  redis.call('LPUSH', KEYS[2], '1')
-  redis.call('LTRIM', KEYS[2], 0, 63)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', head_due, '1')
+  else
+    redis.call('LPUSH', KEYS[2], '1')
+    redis.call('LTRIM', KEYS[2], 0, 63)
+  end
 end
 return out
