@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--processes", type=int, default=4)
     drill.add_argument("--floor-url")
     drill.add_argument("--report", choices=("table", "json"), default="table")
+    drill.add_argument("--doorbell", choices=("list", "marker"), default="list")
     return parser
 
 
