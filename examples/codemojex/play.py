@@ -233,7 +233,7 @@ def report(result: dict[str, Any]) -> None:
           f"{result['flood']:,} from the flooder scored in {result['seconds']:.1f}s "
           f"({(result['guesses'] + result['flood']) / result['seconds']:,.0f}/s); "
           f"the flood took {result['flood_drain_ms'] / 1000:.1f}s to drain while the "
-          f"players' p99 stayed at {n['p99_ms']}ms.")
+          f"players' p99 was {n['p99_ms']:,}ms.")
     if leader:
         print(f"         leader {leader[0]} with {leader[1]} points; "
               f"{len(solved)} player(s) found the hidden row"
