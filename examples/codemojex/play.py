@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -256,16 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.json:
             print(f"codemojex: {args.players} players × {args.guesses} guesses over "
-                  f"{args.window:.0f}s, one flooder × {args.flood:,} at once; "
-                  f"supervisor log: {log_path}", flush=True)
+                  f"{args.window:.0f}s, one flooder × {args.flood:,} at once", flush=True)
         result = play(url, args, log_path)
     except RuntimeError as exc:
-        print(f"codemojex: {exc}\n--- supervisor log ---\n{log_path.read_text()[-4000:]}",
-              file=sys.stderr)
+        print(f"codemojex: {exc}\n--- supervisor log ({log_path}) ---\n"
+              f"{log_path.read_text()[-4000:]}", file=sys.stderr)
         return 1
     finally:
         if server is not None:
             server.stop()
+    shutil.rmtree(log_dir, ignore_errors=True)  # kept above, when something went wrong
     if args.json:
         print(json.dumps(result))
     else:
