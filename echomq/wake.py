@@ -12,7 +12,18 @@ would hand it straight to the next ``BZPOPMIN`` (its own or a sibling's)
 in a loop.
 
 The queue's meta records the kind (field ``doorbell``) and every ringing
-script rings that one only; :func:`claim_doorbell` records it when consumers
+script rings that one only, through one pattern (meta and marker keys built
+from the ``emq:{q}:`` prefix, ARGV[1], like job and lane keys)::
+
+    if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+      redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')   -- or <due>, '1' for a new head
+    else
+      redis.call('LPUSH', KEYS[w], '1')
+      redis.call('LTRIM', KEYS[w], 0, 63)
+    end
+
+(tests/core/test_doorbell.py checks every script against it). :func:`claim_doorbell`
+records the kind when consumers
 start and refuses a consumer of the other kind, whose parked calls would
 never be rung. Switching is explicit (``switch=True``, the supervisor's
 ``--switch-doorbell``), with every consumer of the queue stopped.
