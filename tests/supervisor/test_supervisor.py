@@ -416,3 +416,21 @@ def test_start_refuses_a_queue_whose_consumers_park_on_the_other_doorbell(
     wait_until(lambda: int(r.info("clients")["blocked_clients"]) >= 1, 10, "the metronome")
     later = q.add("x", {})
     wait_until(lambda: _ran(r, queue_name)[later] == 1, 10, "a job rung on the marker")
+
+
+def test_delayed_jobs_start_on_the_metronome_timer_not_the_beat(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis,
+        doorbell: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    # a long beat: a delayed job that waited for the safety pump would start seconds late
+    supervisor(redis_url, queue_name, "--processes", "1", "--beat-ms", "5000",
+               "--doorbell", doorbell).started(1)
+    wait_until(lambda: int(r.info("clients")["blocked_clients"]) >= 1, 10, "the metronome")
+    stamps = f"ledger:{queue_name}:stamps"
+    lateness = []
+    for delay in (0.3, 0.6):
+        due = time.time() + delay
+        q.add("x", {"stamp": True}, delay=delay)
+        _, started = r.blpop([stamps], 10)
+        lateness.append(float(started) - due)
+    assert all(-0.01 < late < 1.0 for late in lateness), lateness
