@@ -46,6 +46,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds over which the normal players' guesses are spread")
     p.add_argument("--processes", type=int, default=4)
     p.add_argument("--queue", default="guesses")
+    p.add_argument("--doorbell", choices=("list", "marker"), default="list",
+                   help="what the supervisor parks on (see echomq.wake)")
     p.add_argument("--single-lane", action="store_true",
                    help="every guess in one lane: a FIFO queue, for comparison")
     p.add_argument("--timeout", type=float, default=90.0, help="give up after this many seconds")
@@ -108,11 +110,13 @@ class Board(threading.Thread):
         print(f"{time.monotonic() - self.t0:5.1f}s  leaderboard  {row}", flush=True)
 
 
-def start_supervisor(url: str, queue: str, processes: int, log_path: Path) -> subprocess.Popen:
+def start_supervisor(url: str, queue: str, processes: int, doorbell: str,
+                     log_path: Path) -> subprocess.Popen:
     env = {**os.environ, "ECHOMQ_REDIS_URL": url,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "echomq.supervisor.cli", "start", "--queue", queue,
-           "--handler", HANDLER, "--processes", str(processes), "--beat-ms", "500"]
+           "--handler", HANDLER, "--processes", str(processes), "--beat-ms", "500",
+           "--doorbell", doorbell]
     with open(log_path, "wb") as log:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT)
@@ -137,7 +141,7 @@ def play(url: str, args: argparse.Namespace, log_path: Path) -> dict[str, Any]:
     keys = GameKeys(game)
     r = redis.Redis.from_url(url)
     q = echomq.Queue(args.queue, redis_url=url)
-    sup = start_supervisor(url, args.queue, args.processes, log_path)
+    sup = start_supervisor(url, args.queue, args.processes, args.doorbell, log_path)
     try:
         # one warm-up guess per process: the round starts once consumers are scoring
         warm = GameKeys(f"{game}-warmup")
