@@ -10,6 +10,7 @@ from echomq.backoff import Backoff
 from echomq.errors import ConfigError
 
 DURABILITIES = ("volatile", "folded", "sync")
+DOORBELLS = ("list", "marker")  # what consumers park on: BLPOP wake, or BZPOPMIN marker
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class QueueSettings:
     that many seconds; ``keep_dead`` and ``keep_dead_s`` do the same for dead jobs
     (trimmed by the supervisor's metronome). ``claim_batch`` is how many jobs one
     claim may lease. ``admit_call_bytes`` bounds the payload bytes ``add_many`` sends
-    in one script call.
+    in one script call. ``doorbell`` is what consumers park on (``list`` or
+    ``marker``, see echomq.wake).
     """
 
     max_payload_bytes: int = 512 * 1024
@@ -38,6 +40,7 @@ class QueueSettings:
     keep_dead: int | None = 10_000
     keep_dead_s: float | None = 30 * 24 * 3600.0
     admit_call_bytes: int = 8 * 1024 * 1024
+    doorbell: str = "list"
 
     def __post_init__(self) -> None:
         checks = (
@@ -58,6 +61,7 @@ class QueueSettings:
             (self.admit_call_bytes >= 1, "admit_call_bytes must be >= 1"),
             (self.durability is None or self.durability in DURABILITIES,
              f"durability must be one of {', '.join(DURABILITIES)}"),
+            (self.doorbell in DOORBELLS, f"doorbell must be one of {', '.join(DOORBELLS)}"),
         )
         for ok, message in checks:
             if not ok:

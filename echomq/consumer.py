@@ -1,10 +1,11 @@
 """The standalone consumer loop: reap → promote → drain → park.
 
-Parking is an outstanding ``BLPOP emq:{q}:wake <beat>`` on a dedicated
-connection (see :mod:`echomq.wake`), waited on with a local timer set to the
-schedule head's due time, because the server's BLPOP timeout only fires on
-its ``hz`` tick. Leases of the jobs in hand are extended by a heartbeat
-thread, so long jobs are not reaped while the consumer lives.
+Parking is an outstanding ``BLPOP emq:{q}:wake <beat>`` (or ``BZPOPMIN
+emq:{q}:marker <beat>`` with the marker doorbell) on a dedicated connection
+(see :mod:`echomq.wake`), waited on with a local timer set to the schedule
+head's due time, because the server's timeout only fires on its ``hz`` tick.
+Leases of the jobs in hand are extended by a heartbeat thread, so long jobs
+are not reaped while the consumer lives.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from echomq.lanes import Lanes, Outcome
 from echomq.queue import Queue
 from echomq.runner import HandlerLike, Runner
 from echomq.scripts import Settled
-from echomq.wake import Doorbell
+from echomq.wake import Doorbell, claim_doorbell
 
 log = logging.getLogger("echomq.consumer")
 MAX_RECONNECT_WAIT_S = 5.0
@@ -91,7 +92,11 @@ class Consumer:
     def run(self, *, burst: bool = False) -> int:
         """Consume until stopped (with ``burst``: until nothing is claimable). Returns jobs run."""
         keys = self.queue.keys
-        doorbell = Doorbell(self.queue.redis, keys.wake, self.settings.beat_ms / 1000)
+        doorbell = Doorbell(self.queue.redis, keys, self.settings.beat_ms / 1000,
+                            self.settings.doorbell)
+        self._server_offset_ms: float | None = None  # server clock minus monotonic, in ms
+        self._schedule_head_ms: int | None = None
+        claimed_bell = False
         beat_s = self.settings.beat_ms / 1000
         lease_s = self.settings.lease_ms / 1000
         heartbeat = threading.Thread(target=self._heartbeat, name="echomq-heartbeat", daemon=True)
@@ -106,12 +111,16 @@ class Consumer:
                 try:
                     if failures:
                         scripts.load_all(self.queue.redis)
+                    if not claimed_bell:  # refuses (DoorbellMismatch) a queue of the other kind
+                        claim_doorbell(self.queue.redis, keys, doorbell.kind)
+                        claimed_bell = True
                     now = time.monotonic()
                     if now >= next_reap:
                         next_reap, requeued = self._reap(lease_s)
                         work |= requeued
                     if now >= next_promote:
                         next_promote, promoted = self._promote(beat_s)
+                        doorbell.next_due_ms = self._schedule_head_ms  # put back on close
                         work |= promoted
                     if work or burst:
                         self._drainer.run()
@@ -124,10 +133,15 @@ class Consumer:
                     failures = 0
                     if woke:
                         self._drain_stop_pipe()
-                    if rung or not doorbell.armed:
-                        # a ring may mean a new schedule head; a timed-out beat runs the pump
+                    replied = not doorbell.armed  # a ring, a marker or the beat's timeout
+                    due = doorbell.take_due()
+                    if due is not None:  # a marker's score: the schedule head, no read needed
+                        next_promote = min(next_promote, self._local_time(due))
+                    elif replied and (doorbell.kind == "list" or not rung):
+                        # a list token may mean a new schedule head (a marker would carry its
+                        # due time instead); a timed-out beat runs the pump
                         next_promote = 0.0
-                        work |= rung
+                    work |= rung
                 except NETWORK_ERRORS as exc:
                     failures += 1
                     doorbell.reset()
@@ -168,7 +182,15 @@ class Consumer:
         # with nothing scheduled, the BLPOP's own timeout ends the park and marks the beat;
         # the local timer is only for a schedule head due before that
         wait = beat_s + 1.0 if next_due < 0 else (next_due - server_now) / 1000
+        self._server_offset_ms = server_now - time.monotonic() * 1000
+        self._schedule_head_ms = next_due if next_due >= 0 else None
         return time.monotonic() + max(0.0, wait), total > 0
+
+    def _local_time(self, due_ms: int) -> float:
+        """A server-clock due time on the monotonic clock (now, when no offset is known)."""
+        if self._server_offset_ms is None:
+            return 0.0
+        return (due_ms - self._server_offset_ms) / 1000
 
     # --- drain hooks ---------------------------------------------------------------
 

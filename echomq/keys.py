@@ -40,6 +40,7 @@ class Keys:
     __slots__ = (
         "queue", "prefix", "ring", "leases", "schedule", "wake", "dead", "completed",
         "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence", "spilled",
+        "marker",
     )
 
     def __init__(self, queue: str) -> None:
@@ -61,6 +62,7 @@ class Keys:
         self.leader = p + "leader"
         self.fence = p + "fence"
         self.spilled = p + "spilled"  # ids of jobs held by the floor alone
+        self.marker = p + "marker"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"

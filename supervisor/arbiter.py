@@ -30,11 +30,13 @@ from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import NETWORK_ERRORS, client_from_url, redact_url
 from echomq.keys import Keys
+from echomq.wake import DoorbellMismatch, claim_doorbell
 
 log = logging.getLogger("echomq.supervisor")
 CRASH_BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 30.0  # a child that lived this long was not crash-looping
 RECYCLE_CHECK_S = 5.0
+EXIT_DOORBELL = 2  # the queue's doorbell was switched to the other kind (as cli's EXIT_USAGE)
 
 
 class BootFailed(Exception):
@@ -89,7 +91,8 @@ class Arbiter:
         for spec in settings.queues:
             qs = QueueSettings(beat_ms=settings.beat_ms, lease_ms=settings.lease_ms,
                                durability=settings.durability_of(spec),
-                               keep_dead=settings.keep_dead, keep_dead_s=settings.keep_dead_s)
+                               keep_dead=settings.keep_dead, keep_dead_s=settings.keep_dead_s,
+                               doorbell=settings.doorbell)
             self.queues[spec.name] = QueueRuntime(
                 spec=spec, settings=qs, handler=load_handler(spec),
                 metronome=Metronome(spec.name, self.client, qs),
@@ -121,7 +124,7 @@ class Arbiter:
             self.forget_in_child.append(self.floor.forget_after_fork)
         for rt in self.queues.values():
             self.forget_in_child.append(lambda rt=rt: self._forget_doorbell(rt))
-            self._prepare_queue(rt)
+            self._prepare_queue(rt, at_start=True)
         event(log, "start", "supervisor started: %s, queues %s", self.where,
               ", ".join(f"{q}×{rt.spec.processes}" for q, rt in self.queues.items()),
               pid=os.getpid())
@@ -143,12 +146,22 @@ class Arbiter:
         event(log, "exit", "supervisor exiting with %d", self.exit_code, exit=self.exit_code)
         return self.exit_code
 
-    def _prepare_queue(self, rt: QueueRuntime) -> None:
+    def _prepare_queue(self, rt: QueueRuntime, at_start: bool = False) -> None:
         try:
             scripts.load_all(self.client)
             durability = rt.settings.durability or "volatile"
             # "fold" is the scheduler's lease (lead.lua), not set here
             self.client.hset(Keys(rt.spec.name).meta, mapping={"durability": durability})
+            claim_doorbell(self.client, rt.metronome.keys, rt.settings.doorbell,
+                           switch=self.settings.switch_doorbell)
+        except DoorbellMismatch as exc:
+            if at_start:
+                raise
+            # switched while this supervisor could not reach Valkey: its parked call would
+            # never be rung again
+            log.error("%s", exc)
+            self.exit_code = EXIT_DOORBELL
+            self._begin_drain()
         except NETWORK_ERRORS as exc:
             self._queue_down(rt, time.monotonic(), exc)
 

@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"JSON log lines {_env_help('log_json')}")
     start.add_argument("--log-level", help=f"log level {_env_help('log_level')}")
     start.add_argument("--config", help=f"TOML or JSON file with queues {_env_help('config')}")
+    start.add_argument("--doorbell", choices=("list", "marker"),
+                       help="what the metronome parks on: BLPOP on the wake list (default) or "
+                       f"BZPOPMIN on the marker zset {_env_help('doorbell')}")
+    start.add_argument("--switch-doorbell", action="store_true", default=None,
+                       help="record --doorbell in the queue's meta even if it names the other "
+                       "kind (stop every consumer of the queue first) "
+                       f"{_env_help('switch_doorbell')}")
 
     migrate = sub.add_parser("migrate", help="upgrade the floor's schema to head")
     migrate.add_argument("--floor-url", help=f"SQL floor URL {_env_help('floor_url')}")
@@ -83,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--processes", type=int, default=4)
     drill.add_argument("--floor-url")
     drill.add_argument("--report", choices=("table", "json"), default="table")
+    drill.add_argument("--doorbell", choices=("list", "marker"), default="list")
     return parser
 
 
@@ -175,6 +183,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                              30 * 24 * 3600.0),
         log_json=log_json if isinstance(log_json, bool) else parse_bool(log_json or "0"),
         log_level=_pick(args, "log_level") or "INFO",
+        doorbell=_pick(args, "doorbell") or "list",
+        switch_doorbell=_flag(_pick(args, "switch_doorbell")),
     )
 
 
@@ -202,6 +212,8 @@ def _check_has_tasks(queue: str, modules: tuple[str, ...]) -> None:
     if not tasks_on(queue):
         raise ConfigError(f"queue {queue!r}: no task of --tasks {','.join(modules)} is on it "
                           "(and no --handler)")
+def _flag(value: Any) -> bool:
+    return value if isinstance(value, bool) else parse_bool(value or "0")
 
 
 def cmd_start(args: argparse.Namespace) -> int:

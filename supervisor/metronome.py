@@ -1,7 +1,8 @@
 """One metronome per queue: the only blocking call for that queue, plus reap and promote.
 
-The BLPOP on the wake key stays outstanding while the supervisor does other
-work; its socket sits in the supervisor's selector. Local timers decide when
+The parked call (BLPOP on the wake list, or BZPOPMIN on the marker zset, see
+echomq.wake) stays outstanding while the supervisor does other work; its
+socket sits in the supervisor's selector. Local timers decide when
 reap and promote are worth a round trip: promote when the schedule head is
 due (the server's BLPOP timeout fires only on its ``hz`` tick, so the timer
 is what makes a delayed job start on time), reap when the lease head can
@@ -11,6 +12,8 @@ another replica's metronome was told about, and leases it took).
 """
 
 from __future__ import annotations
+
+import time
 
 import redis
 
@@ -34,7 +37,8 @@ class Metronome:
         self.settings = settings
         self.beat_s = settings.beat_ms / 1000
         self.lease_s = settings.lease_ms / 1000
-        self.doorbell = Doorbell(client, self.keys.wake, self.beat_s)
+        self.doorbell = Doorbell(client, self.keys, self.beat_s, settings.doorbell)
+        self.server_offset_ms: float | None = None  # server clock minus monotonic, in ms
         self.next_promote = 0.0  # monotonic deadlines: 0 = now
         self.next_reap = 0.0
         self.next_trim = 0.0
@@ -48,13 +52,29 @@ class Metronome:
         return min(self.next_promote, self.next_reap)
 
     def collect_ring(self) -> bool:
-        """Read the BLPOP reply: True when a token (new work or a new schedule head) came."""
+        """Read the parked call's reply: True when claimable work was rung.
+
+        A list token may also announce a new schedule head, so it promotes; a
+        marker says which: "0" is work now, a due-scored "1" sets the promote
+        timer to the new head without a read.
+        """
         rung = self.doorbell.collect()
-        if rung:
+        due = self.doorbell.take_due()
+        if due is not None:
             self.rings += 1
-            self.next_promote = 0.0  # the ring may announce a new schedule head
+            self.next_promote = min(self.next_promote, self._local_time(due))
+        elif rung:
+            self.rings += 1
+            if self.doorbell.kind == "list":
+                self.next_promote = 0.0
         # a quiet beat needs no pump: the local timers already say when heads fall due
         return rung
+
+    def _local_time(self, due_ms: int) -> float:
+        """A server-clock due time on the monotonic clock (now, when no offset is known)."""
+        if self.server_offset_ms is None:
+            return 0.0
+        return (due_ms - self.server_offset_ms) / 1000
 
     def pump(self, now: float, disarmed: bool) -> bool:
         """Run promote and reap if their deadlines passed; True when jobs became claimable."""
@@ -94,6 +114,8 @@ class Metronome:
             self.next_promote = now
             return True
         self.promoted += total
+        self.server_offset_ms = server_now - time.monotonic() * 1000
+        self.doorbell.next_due_ms = next_due if next_due >= 0 else None
         limit = self.beat_s if disarmed else self.beat_s * SAFETY_BEATS
         wait = limit if next_due < 0 else min(limit, (next_due - server_now) / 1000)
         self.next_promote = now + max(0.0, wait)

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from echomq.config import DOORBELLS
 from echomq.errors import ConfigError
 
 # flag (without dashes, underscores) -> environment variable
@@ -35,6 +36,8 @@ ENV_VARS: dict[str, str] = {
     "log_json": "ECHOMQ_LOG_JSON",
     "log_level": "ECHOMQ_LOG_LEVEL",
     "config": "ECHOMQ_CONFIG",
+    "doorbell": "ECHOMQ_DOORBELL",
+    "switch_doorbell": "ECHOMQ_SWITCH_DOORBELL",
 }
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -77,6 +80,8 @@ class Settings:
     keep_dead_s: float = 30 * 24 * 3600.0
     log_json: bool = False
     log_level: str = "INFO"
+    doorbell: str = "list"
+    switch_doorbell: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -88,6 +93,9 @@ class Settings:
             raise ConfigError("keep_dead and keep_dead_s must be >= 0")
         if self.drain_timeout < 0:
             raise ConfigError(f"drain_timeout must be >= 0, got {self.drain_timeout}")
+        if self.doorbell not in DOORBELLS:
+            raise ConfigError(f"doorbell must be one of {', '.join(DOORBELLS)}, "
+                              f"got {self.doorbell!r}")
         for spec in self.queues:
             if spec.processes < 1:
                 raise ConfigError(f"queue {spec.name!r}: processes must be >= 1")

@@ -51,7 +51,11 @@ if admitted then
   local added = 0
   for i = 1, n do added = added + out[i] end
   redis.call('HINCRBY', KEYS[4], 'waiting', added)
-  redis.call('LPUSH', KEYS[2], '1')
-  redis.call('LTRIM', KEYS[2], 0, 63)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
+  else
+    redis.call('LPUSH', KEYS[2], '1')
+    redis.call('LTRIM', KEYS[2], 0, 63)
+  end
 end
 return out

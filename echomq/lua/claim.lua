@@ -83,7 +83,11 @@ while claimed < count and turns < count * 4 do
 end
 if popped > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', -popped) end
 if ARGV[4] == '1' and claimed > 0 and redis.call('LLEN', KEYS[1]) > 0 then
-  redis.call('LPUSH', KEYS[4], '1')
-  redis.call('LTRIM', KEYS[4], 0, 63)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
+  else
+    redis.call('LPUSH', KEYS[4], '1')
+    redis.call('LTRIM', KEYS[4], 0, 63)
+  end
 end
 return out

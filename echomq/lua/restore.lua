@@ -50,7 +50,11 @@ while i <= #ARGV do
   i = i + 3 + n * 2
 end
 if new_head then
-  redis.call('LPUSH', KEYS[2], '1')
-  redis.call('LTRIM', KEYS[2], 0, 63)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', head_due, '1')
+  else
+    redis.call('LPUSH', KEYS[2], '1')
+    redis.call('LTRIM', KEYS[2], 0, 63)
+  end
 end
 return out

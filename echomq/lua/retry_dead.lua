@@ -39,7 +39,11 @@ for _, id in ipairs(ids) do
 end
 if moved > 0 then
   redis.call('HINCRBY', KEYS[4], 'waiting', moved)
-  redis.call('LPUSH', KEYS[3], '1')
-  redis.call('LTRIM', KEYS[3], 0, 63)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
+  else
+    redis.call('LPUSH', KEYS[3], '1')
+    redis.call('LTRIM', KEYS[3], 0, 63)
+  end
 end
 return moved

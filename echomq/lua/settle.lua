@@ -64,7 +64,7 @@ for i = 0, n - 1 do
       redis.call('ZADD', KEYS[2], due, id)
       if fold then redis.call('RPUSH', KEYS[8], id) end
       local head = redis.call('ZRANGE', KEYS[2], 0, 0)
-      if head[1] == id then rang = true end
+      if head[1] == id then rang = due end
       redis.call('HINCRBY', KEYS[6], 'retried', 1)
       out[i + 1] = 2
     elseif outcome == 'c' then
@@ -112,7 +112,11 @@ if completed > 0 then
   end
 end
 if rang then
-  redis.call('LPUSH', KEYS[5], '1')
-  redis.call('LTRIM', KEYS[5], 0, 63)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', rang, '1')
+  else
+    redis.call('LPUSH', KEYS[5], '1')
+    redis.call('LTRIM', KEYS[5], 0, 63)
+  end
 end
 return out

@@ -8,6 +8,7 @@ import redis
 
 import echomq
 from echomq.keys import Keys
+from echomq.wake import claim_doorbell
 
 
 def test_add_returns_id_and_job_is_waiting(redis_url: str, queue_name: str) -> None:
@@ -73,16 +74,20 @@ def test_every_admit_rings_and_wake_is_capped(redis_url: str, queue_name: str,
 
 
 def test_delayed_admit_rings_only_for_a_new_head(redis_url: str, queue_name: str,
-                                                r: redis.Redis) -> None:
+                                                r: redis.Redis, doorbell: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
-    wake = Keys(queue_name).wake
+    claim_doorbell(r, q.keys, doorbell)
+    bell = q.keys.wake if doorbell == "list" else q.keys.marker
+    r.delete(bell)
     q.add("x", delay=60)
-    assert r.llen(wake) == 1
-    r.delete(wake)
+    assert r.exists(bell) == 1
+    r.delete(bell)
     q.add("x", delay=120)  # later than the head: nobody needs to recompute a wait
-    assert r.llen(wake) == 0
-    q.add("x", delay=30)  # a new head
-    assert r.llen(wake) == 1
+    assert r.exists(bell) == 0
+    head = q.add("x", delay=30)  # a new head
+    assert r.exists(bell) == 1
+    if doorbell == "marker":  # the marker carries the new head's due time
+        assert r.zscore(bell, "1") == q.get(head).due_ms  # type: ignore[union-attr]
 
 
 def test_run_at_uses_absolute_time(redis_url: str, queue_name: str) -> None:
