@@ -259,5 +259,9 @@ def test_clock_offset_variable_does_not_move_a_production_scheduler(
                         floor_url="sqlite:///unused.db")
     rt = SimpleNamespace(spec=settings.queues[0],
                          metronome=SimpleNamespace(client=redis.Redis.from_url(server.url)))
-    sched = make_factory(settings, floor)(rt)
-    assert sched is not None and sched.clock_offset_ms == 0
+    made = make_factory(settings, floor)(rt)
+    assert made is not None
+    try:
+        assert made.scheduler.clock_offset_ms == 0
+    finally:
+        made.close()
