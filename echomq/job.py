@@ -8,7 +8,7 @@ from typing import Any
 
 from echomq.errors import CorruptJob
 
-STATES = ("waiting", "scheduled", "active", "completed", "dead")
+STATES = ("waiting", "scheduled", "active", "completed", "dead", "cancelled")
 CLAIM_FIELDS = 9  # values per job returned by claim.lua
 
 

@@ -13,6 +13,9 @@ from echomq.errors import InvalidName
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,255}")
 DEFAULT_LANE = "default"
+# every queue's name, added by producers and supervisors: `echomq queues` reads it instead of
+# KEYS or a SCAN of the whole keyspace (scripts cannot keep it: it lives in another slot)
+REGISTRY = "emq:queues"
 
 
 def validate_name(name: object, what: str = "queue name") -> str:
@@ -40,6 +43,7 @@ class Keys:
     __slots__ = (
         "queue", "prefix", "ring", "leases", "schedule", "wake", "dead", "completed",
         "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence",
+        "paused", "cancelled",
     )
 
     def __init__(self, queue: str) -> None:
@@ -60,6 +64,8 @@ class Keys:
         self.epoch = p + "epoch"
         self.leader = p + "leader"
         self.fence = p + "fence"
+        self.paused = p + "paused"
+        self.cancelled = p + "cancelled"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"

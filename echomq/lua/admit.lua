@@ -3,11 +3,13 @@
 
   Idempotent per job id: an id whose hash already exists is left unchanged.
   A lane that goes from empty to non-empty joins the ring. Rings the doorbell
-  once when anything was admitted.
+  once when anything was admitted, unless the queue is paused (nothing could
+  claim it; resume rings instead).
 
   Input:
     KEYS[1] ring   list of lanes with waiting jobs
     KEYS[2] wake   the doorbell list
+    KEYS[3] paused string, present while the queue is paused
     ARGV[1] key prefix "emq:{q}:"  (job hashes and lane lists are built from it)
     ARGV[2] n, the number of jobs
     ARGV[3..] per job, 7 values: id, name, payload, lane, max_attempts, max_stalls, backoff
@@ -39,7 +41,7 @@ for i = 0, n - 1 do
     admitted = true
   end
 end
-if admitted then
+if admitted and redis.call('EXISTS', KEYS[3]) == 0 then
   redis.call('LPUSH', KEYS[2], '1')
   redis.call('LTRIM', KEYS[2], 0, 63)
 end

@@ -8,14 +8,16 @@
   server's clock. Ids whose hash is missing are dropped. With the chain
   flag, the doorbell rings when lanes still hold work after the claim, so a
   burst admitted with one ring wakes parked consumers one after another
-  instead of one consumer taking it all. The lane list and the job hash are
-  built from the prefix inside the script.
+  instead of one consumer taking it all. A paused queue (the pause flag
+  exists) hands out nothing. The lane list and the job hash are built from
+  the prefix inside the script.
 
   Input:
     KEYS[1] ring    list of lanes with waiting jobs
     KEYS[2] leases  zset of active job ids by lease expiry (ms)
     KEYS[3] tokens  lease token counter
     KEYS[4] wake    the doorbell list
+    KEYS[5] paused  string, present while the queue is paused
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] lease_ms
     ARGV[3] count, the most jobs to claim
@@ -25,6 +27,7 @@
     a flat array, 9 values per claimed job:
     id, token, name, payload, lane, attempts, max_attempts, backoff, created_ms
 ]]
+if redis.call('EXISTS', KEYS[5]) == 1 then return {} end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
