@@ -41,10 +41,12 @@ def run_cli(*args: str, url: str | None = None, env: dict[str, str] | None = Non
 
 
 def make_dead(q: echomq.Queue, n: int, error: str = "boom: it broke") -> list[str]:
-    """Admit n jobs and bury them at once, as a consumer would for an unknown handler."""
+    """Admit n jobs and bury them at once, as a consumer would for an unknown handler
+    (call it before admitting other jobs: it claims whatever waits)."""
     ids = q.add_many([("doomed", {"i": i}) for i in range(n)])
     lanes = Lanes(q.redis, q.keys, q.settings)
     claimed = lanes.claim(n)
+    assert sorted(c.id for c in claimed) == sorted(ids), "other jobs were waiting"
     lanes.settle([Outcome(c.id, c.token, "d", f"Traceback...\n{error}") for c in claimed])
     return ids
 
