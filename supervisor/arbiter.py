@@ -22,6 +22,7 @@ from echomq.supervisor.children import Child, fork_child, sever_client
 from echomq.supervisor.handlers import import_handler
 from echomq.supervisor.logs import event
 from echomq.supervisor.metronome import Metronome
+from echomq.supervisor.observations import Tally
 from echomq.supervisor.recycle import over_memory
 from echomq.supervisor.settings import QueueSpec, Settings
 from echomq.supervisor.signals import SignalPipe, sever
@@ -108,6 +109,7 @@ class Arbiter:
         self.exit_code = 0
         self.forget_in_child: list[Callable[[], None]] = []
         self.pids: dict[int, Child] = {}
+        self.observed = Tally()  # the children's job observations, for /metrics
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -269,6 +271,8 @@ class Arbiter:
         for line in child.reader.read():
             if line.startswith(protocol.HOLD):
                 child.held = protocol.parse_hold(line)
+            elif line.startswith(protocol.OBS):
+                self.observed.merge(child.queue, line)
             elif line.startswith(protocol.IDLE):
                 parts = line.split()
                 jobs = int(parts[1]) if len(parts) > 1 else 0

@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"JSON log lines {_env_help('log_json')}")
     start.add_argument("--log-level", help=f"log level {_env_help('log_level')}")
     start.add_argument("--config", help=f"TOML or JSON file with queues {_env_help('config')}")
+    start.add_argument("--dashboard", action="store_true", default=None,
+                       help=f"serve the dashboard at / of the health port "
+                       f"{_env_help('dashboard')}")
+    start.add_argument("--dashboard-actions", action="store_true", default=None,
+                       help="let the dashboard retry, cancel, pause and resume "
+                       f"{_env_help('dashboard_actions')}")
 
     migrate = sub.add_parser("migrate", help="upgrade the floor's schema to head")
     migrate.add_argument("--floor-url", help=f"SQL floor URL {_env_help('floor_url')}")
@@ -135,6 +141,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for spec in specs:
         validate_name(spec.name)
     log_json = _pick(args, "log_json")
+    dashboard, actions = _pick(args, "dashboard"), _pick(args, "dashboard_actions")
     health_port = _number("health_port", _pick(args, "health_port"), int)
     return Settings(
         redis_url=_pick(args, "redis_url") or file_cfg.get("redis_url") or DEFAULT_REDIS_URL,
@@ -152,6 +159,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         or DEFAULT_SPILL_HORIZON_S,
         log_json=log_json if isinstance(log_json, bool) else parse_bool(log_json or "0"),
         log_level=_pick(args, "log_level") or "INFO",
+        dashboard=dashboard if isinstance(dashboard, bool) else parse_bool(dashboard or "0"),
+        dashboard_actions=actions if isinstance(actions, bool) else parse_bool(actions or "0"),
     )
 
 
@@ -173,7 +182,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     health = None
     if settings.health_port is not None:
         health = Health(settings.health_host, settings.health_port, settings.redis_url,
-                        arbiter.snapshot, live_after_s=max(10.0, 3 * settings.beat_ms / 1000))
+                        arbiter.snapshot, live_after_s=max(10.0, 3 * settings.beat_ms / 1000),
+                        tally=arbiter.observed, dashboard=settings.dashboard,
+                        dashboard_actions=settings.dashboard_actions)
         health.start()
         arbiter.forget_in_child.append(health.forget_in_child)
     try:

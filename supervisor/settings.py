@@ -32,6 +32,8 @@ ENV_VARS: dict[str, str] = {
     "log_json": "ECHOMQ_LOG_JSON",
     "log_level": "ECHOMQ_LOG_LEVEL",
     "config": "ECHOMQ_CONFIG",
+    "dashboard": "ECHOMQ_DASHBOARD",
+    "dashboard_actions": "ECHOMQ_DASHBOARD_ACTIONS",
 }
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -67,6 +69,8 @@ class Settings:
     spill_horizon: float = DEFAULT_SPILL_HORIZON_S
     log_json: bool = False
     log_level: str = "INFO"
+    dashboard: bool = False  # serve the dashboard at / of the health port
+    dashboard_actions: bool = False  # ... with retry/cancel/pause buttons
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
