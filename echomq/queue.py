@@ -19,6 +19,7 @@ from echomq.connection import DEFAULT_URL, client_from_url, describe, redact_url
 from echomq.errors import InvalidName, InvalidSchedule, PayloadError
 from echomq.job import STATES, Job
 from echomq.keys import DEFAULT_LANE, REGISTRY, Keys, validate_job_id, validate_name
+from echomq.tracing import current_traceparent
 
 ADMIT_BATCH = 500  # jobs per script call in add_many: bounds one script's run time
 PURGE_BATCH = 1000  # jobs per purge call: one call stays short
@@ -144,7 +145,7 @@ class Queue:
         encoded = self.encode_payload(payload)
         due = self._due(delay, run_at)
         args = [job_id, name, encoded, lane, attempts, self.settings.max_stalls,
-                coerced.encode() if coerced else ""]
+                coerced.encode() if coerced else "", current_traceparent()]
         return job_id, args, due
 
     def _due(self, delay: float | None, run_at: datetime | None) -> int | None:

@@ -12,7 +12,8 @@
     KEYS[3] paused string, present while the queue is paused
     ARGV[1] key prefix "emq:{q}:"  (job hashes and lane lists are built from it)
     ARGV[2] n, the number of jobs
-    ARGV[3..] per job, 7 values: id, name, payload, lane, max_attempts, max_stalls, backoff
+    ARGV[3..] per job, 8 values: id, name, payload, lane, max_attempts, max_stalls, backoff,
+              trace (a W3C traceparent or "")
 
   Output:
     an array of n integers: 1 admitted, 0 already existed
@@ -24,7 +25,7 @@ local n = tonumber(ARGV[2])
 local out = {}
 local admitted = false
 for i = 0, n - 1 do
-  local b = 3 + i * 7
+  local b = 3 + i * 8
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
   if redis.call('EXISTS', jk) == 1 then
@@ -34,6 +35,7 @@ for i = 0, n - 1 do
     redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
       'lane', lane, 'state', 'waiting', 'attempts', 0, 'max_attempts', ARGV[b + 4],
       'stalls', 0, 'max_stalls', ARGV[b + 5], 'backoff', ARGV[b + 6], 'created_ms', now)
+    if ARGV[b + 7] ~= '' then redis.call('HSET', jk, 'trace', ARGV[b + 7]) end
     if redis.call('RPUSH', prefix .. 'lane:' .. lane, id) == 1 then
       redis.call('RPUSH', KEYS[1], lane)
     end
