@@ -272,7 +272,7 @@ class Queue:
             nxt, flat = scripts.jobs(self.redis, self.keys, state, cursor, limit)
         found = []
         for fields in flat:
-            raw = dict(zip(fields[::2], fields[1::2], strict=True))
+            raw: dict[bytes, bytes] = dict(zip(fields[::2], fields[1::2], strict=True))
             found.append(Job.from_hash(self.name, raw, strict=False))
         return found, nxt
 

@@ -125,7 +125,7 @@ class SupervisorCollector:
         wait = SummaryMetricFamily("echomq_claim_to_start_seconds", "Wait between a job's "
                                    "claim and its start", labels=["queue"])
         for name, v in queues.items():
-            wait.add_metric([name], float(v["claim_jobs"]), v["claim_wait_us"] / 1e6)
+            wait.add_metric([name], int(v["claim_jobs"]), v["claim_wait_us"] / 1e6)
         yield wait
 
     def _floor(self, queues: dict[str, Any]) -> Iterator[Metric]:
@@ -163,5 +163,5 @@ class SupervisorCollector:
 def build_registry(snapshot: Callable[[], dict[str, Any]], client: redis.Redis,
                    tally: Tally | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SupervisorCollector(snapshot, client, tally))  # type: ignore[arg-type]
+    registry.register(SupervisorCollector(snapshot, client, tally))
     return registry
