@@ -114,7 +114,8 @@ def chart(rates: Sequence[tuple[float, float, float]], width: int = 720, height:
     last = rates[-1]
     return (f'<svg id="throughput" viewBox="0 0 {width} {height}" width="100%" '
             f'height="{height}" role="img" aria-label="throughput">{"".join(bars)}{line}</svg>'
-            f'<div class="legend muted"><span>■ completed/min (last {last[1]:.0f})</span>'
+            '<div class="legend muted">'
+            f'<span style="color:#4f7fe0">■ completed/min (last {last[1]:.0f})</span>'
             f'<span style="color:#e0604f">■ failed/min (last {last[2]:.0f})</span>'
             "<span>- - failure rate (0–100 %)</span>"
             f"<span>top of scale {top:.0f}/min, {n} intervals</span></div>")
