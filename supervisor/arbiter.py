@@ -30,7 +30,7 @@ from echomq.supervisor.signals import SignalPipe, sever
 from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import NETWORK_ERRORS, client_from_url, redact_url
-from echomq.keys import Keys
+from echomq.keys import REGISTRY, Keys
 
 log = logging.getLogger("echomq.supervisor")
 CRASH_BACKOFF_MAX_S = 30.0
@@ -150,6 +150,7 @@ class Arbiter:
             durability = rt.settings.durability or "volatile"
             self.client.hset(Keys(rt.spec.name).meta, mapping={
                 "fold": "1" if durability != "volatile" else "0", "durability": durability})
+            self.client.sadd(REGISTRY, rt.spec.name)  # `echomq queues` lists it
         except NETWORK_ERRORS as exc:
             self._queue_down(rt, time.monotonic(), exc)
 

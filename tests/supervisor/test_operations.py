@@ -34,6 +34,7 @@ def test_pause_holds_jobs_at_the_idle_cost_and_resume_runs_them(
     r = redis.Redis.from_url(private_redis.url)
     q = echomq.Queue(queue_name, redis=r)
     supervisor(private_redis.url, queue_name, "--processes", "2", "--beat-ms", "200").started(2)
+    assert queue_name in echomq.Queue.registered(r)  # the supervisor registers what it serves
     q.add("warm", {})
     wait_until(lambda: q.counts()["completed"] == 1, 10, "the warm-up job")
     assert q.pause()
