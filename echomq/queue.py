@@ -289,12 +289,12 @@ class Queue:
                 if not remaining or not purged:
                     return total
 
-    def lanes(self, top: int = 10, scan: int = 10_000) -> dict[str, Any]:
+    def lanes(self, top: int = 10, scan: int = 10_000, heads: int = 1000) -> dict[str, Any]:
         """The lanes with the most waiting jobs (looking at up to ``scan`` lanes) and the
-        age of the oldest waiting job at a lane's head."""
+        age of the oldest job at the head of the first ``heads`` lanes of the ring."""
         with translated(self.where):
             total, scanned, oldest, now, busiest = scripts.survey(self.redis, self.keys,
-                                                                  scan, top)
+                                                                  scan, top, heads)
         return {"lanes": total, "scanned": scanned, "busiest": busiest,
                 "oldest_waiting_s": max(0.0, (now - oldest) / 1000) if oldest >= 0 else None}
 

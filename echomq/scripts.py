@@ -215,11 +215,11 @@ def purge(client: redis.Redis, k: Keys, state: str, limit: int) -> tuple[int, in
     return int(purged), int(remaining)
 
 
-def survey(client: redis.Redis, k: Keys, scan: int, top: int
+def survey(client: redis.Redis, k: Keys, scan: int, top: int, heads: int
            ) -> tuple[int, int, int, int, list[tuple[str, int]]]:
-    """(lanes, lanes scanned, oldest waiting head's created_ms or -1, server now ms,
-    [(lane, waiting)] longest first)."""
-    reply = SURVEY(client, [k.ring], [k.prefix, scan, top])
+    """(lanes, lanes scanned, oldest created_ms of the first ``heads`` lanes' head jobs or
+    -1, server now ms, [(lane, waiting)] longest first)."""
+    reply = SURVEY(client, [k.ring], [k.prefix, scan, top, heads])
     pairs = reply[4:]
     lanes = [((pairs[i].decode() if isinstance(pairs[i], bytes) else str(pairs[i])),
               int(pairs[i + 1])) for i in range(0, len(pairs), 2)]

@@ -67,7 +67,8 @@ class SupervisorCollector:
             k = Keys(name)
             try:
                 values = scripts.counts(self.client, k)
-                _, _, head_ms, now_ms, _ = scripts.survey(self.client, k, SURVEY_LANES, 0)
+                _, _, head_ms, now_ms, _ = scripts.survey(self.client, k, SURVEY_LANES, 0,
+                                                         SURVEY_LANES)
             except redis.exceptions.RedisError:
                 reachable = 0.0
                 continue

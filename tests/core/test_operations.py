@@ -128,10 +128,12 @@ def test_purge_deletes_a_finished_state(redis_url: str, queue_name: str, r: redi
 
 def test_lane_survey_finds_the_busiest_lanes(redis_url: str, queue_name: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
-    q.add_many([("x", i, {"lane": "big"}) for i in range(5)] + [("x", 0, {"lane": "small"})])
-    survey = q.lanes(top=1)
-    assert survey["lanes"] == 2 and survey["scanned"] == 2
-    assert survey["busiest"] == [("big", 5)]
+    q.add_many([("x", 0, {"lane": "small"})] + [("x", i, {"lane": "big"}) for i in range(5)]
+               + [("x", i, {"lane": "mid"}) for i in range(3)])
+    survey = q.lanes(top=2)
+    assert survey["lanes"] == 3 and survey["scanned"] == 3
+    assert survey["busiest"] == [("big", 5), ("mid", 3)]
+    assert q.lanes(top=5, scan=2)["busiest"] == [("big", 5), ("small", 1)]
     assert survey["oldest_waiting_s"] is not None and survey["oldest_waiting_s"] >= 0
 
 
