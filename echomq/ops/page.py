@@ -148,7 +148,11 @@ def queue_detail(s: dict[str, Any], rates: Sequence[tuple[float, float, float]],
         f'<span class="badge {state}" id="pause-state">{state}</span></h2>'
         f"<p>retried {s['retried']} · spilled to the floor {s['spilled']} · lanes with work "
         f"{s['lanes']}" + (f" · oldest waiting {oldest:.1f} s" if oldest is not None else "")
-        + f"</p><h2>Throughput and failure rate</h2>{chart(rates)}</section>"
+        + '</p><form method="get" action="/" id="lookup">'
+        f'<input type="hidden" name="queue" value="{esc(name)}">'
+        '<input name="job" placeholder="job id" size="34" aria-label="job id"> '
+        '<button type="submit">Show job</button></form>'
+        f"<h2>Throughput and failure rate</h2>{chart(rates)}</section>"
         f'<section id="lanes"><h2>Busiest lanes{scanned}</h2><table><tr><th>lane</th>'
         f"<th>waiting</th></tr>{lanes}</table></section>"
         f'<section id="dead"><h2>Dead jobs (oldest {len(dead)})</h2>{dead_html}</section>')
