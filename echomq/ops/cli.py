@@ -215,7 +215,11 @@ def cmd_purge(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 def cmd_dashboard(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
     from echomq.ops.dashboard import serve
 
-    serve(client, args.host, args.port, allow_actions=args.allow_actions)
+    try:
+        serve(client, args.host, args.port, allow_actions=args.allow_actions)
+    except OSError as exc:  # the port is taken, or the address is not this host's
+        raise Refused(f"cannot serve the dashboard on {args.host}:{args.port}: "
+                      f"{exc.strerror or exc}") from None
     return None, ""
 
 

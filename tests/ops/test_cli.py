@@ -153,3 +153,15 @@ def test_url_from_the_environment_and_usage_errors(redis_url: str, queue_name: s
 def test_every_subcommand_has_help(command: str) -> None:
     res = run_cli(command, "--help")
     assert res.code == 0 and "usage: echomq" in res.out
+
+
+def test_dashboard_on_a_taken_port_is_a_clear_error(redis_url: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = run_cli("dashboard", "--port", str(port), url=redis_url)
+    assert res.code == 1 and "cannot serve the dashboard" in res.err
+    assert "Traceback" not in res.err
