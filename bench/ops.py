@@ -8,8 +8,10 @@ On a fresh private server: ``--jobs`` waiting jobs admitted over ``--lanes`` lan
 (``add_many``), plus 1,000 dead jobs and 1,000 scheduled ones. Then, each ``--runs``
 times: the calls the CLI makes, timed in-process (the server's share); the ``echomq``
 command itself as a subprocess (wall time, Python start-up included); the dashboard page
-rendered in-process and fetched over HTTP. Last, the per-job cost of the observations a
-consumer folds for /metrics (a no-op handler, with and without the timing wrapper).
+rendered in-process and fetched over HTTP. Last, the cost of the observations a consumer
+folds for /metrics: per job in the runner (a no-op handler, with and without the timing
+wrapper), and on the no-op drain (``--drain-jobs`` jobs drained in this process, runs
+with and without the wrapper alternating).
 """
 
 from __future__ import annotations
@@ -79,11 +81,57 @@ def observation_cost(n: int = 200_000, rounds: int = 7) -> dict[str, float]:
             "added_us": best["timed"] - best["bare"]}
 
 
+class _Hooks:
+    """The drain's hooks with nothing to do (the standalone consumer's, less its parking)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    def stop_requested(self) -> bool:
+        return False
+
+    def batch_size(self) -> int:
+        return int(self.runner.batch_size())
+
+    def on_batch(self, batch: Any) -> None: ...
+
+    def on_start(self, claimed: Any) -> None: ...
+
+    def on_unstarted(self, pairs: Any) -> None: ...
+
+    def after_settle(self, outcomes: Any, codes: Any) -> None: ...
+
+
+def drain_overhead(jobs: int, rounds: int) -> dict[str, Any]:
+    """The no-op drain in this process, with and without the metrics wrapper, alternating."""
+    from echomq.drain import Drain
+
+    rates: dict[str, list[float]] = {"bare": [], "timed": []}
+    with bl.private_redis() as server:
+        r = bl.client(server.url)
+        for _ in range(rounds):
+            for mode in ("bare", "timed"):
+                q = echomq.Queue(bl.unique_queue("ovh"), redis=r)
+                bl.admit_noop(q, jobs)
+                runner: Any = Runner(q.name, lambda job: None, q.settings)
+                if mode == "timed":
+                    runner = TimedRunner(runner, Observations())
+                drain = Drain(Lanes(r, q.keys, q.settings), runner, _Hooks(runner))
+                t0 = time.perf_counter()
+                drain.run()
+                rates[mode].append(jobs / (time.perf_counter() - t0))
+                assert q.counts()["completed"] == jobs
+    bare, timed = bl.summary(rates["bare"]), bl.summary(rates["timed"])
+    return {"bare_jobs_s": bare, "timed_jobs_s": timed,
+            "cost_pct": 100 * (1 - timed["median"] / bare["median"])}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--jobs", type=int, default=1_000_000)
     ap.add_argument("--lanes", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--drain-jobs", type=int, default=50_000)
     ap.add_argument("--json", metavar="FILE|-")
     args = ap.parse_args(argv)
     rows: list[list[Any]] = []
@@ -136,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         q.close()
     cost = observation_cost()
     results["observation_cost"] = cost
+    drain = drain_overhead(args.drain_jobs, args.runs)
+    results["drain_overhead"] = drain
     bl.print_table(
         f"EchoMQ operations on {args.jobs:,} waiting jobs over {args.lanes:,} lanes "
         f"(+1,000 dead, +1,000 scheduled): ms, median (min–max) of {args.runs} runs",
@@ -143,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmetrics in the consumer: {cost['added_us']:.2f} µs per job added to a no-op "
           f"job's {cost['bare_us']:.2f} µs in the runner (best of 7 × 200,000); compare with "
           "the per-job time of bench/drain.py")
+    print(f"no-op drain of {args.drain_jobs:,} jobs in one process, alternating, {args.runs} "
+          f"runs each: {bl.fmt_range(drain['bare_jobs_s'])} jobs/s without the metrics wrapper, "
+          f"{bl.fmt_range(drain['timed_jobs_s'])} with it: {drain['cost_pct']:+.1f}% "
+          "(medians)")
     bl.emit_json(args.json, {"bench": "ops", "results": results})
     return 0
 
