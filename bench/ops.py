@@ -122,8 +122,10 @@ def drain_overhead(jobs: int, rounds: int) -> dict[str, Any]:
                 rates[mode].append(jobs / (time.perf_counter() - t0))
                 assert q.counts()["completed"] == jobs
     bare, timed = bl.summary(rates["bare"]), bl.summary(rates["timed"])
+    # other load on the machine only ever slows a run down: the best runs compare the code
     return {"bare_jobs_s": bare, "timed_jobs_s": timed,
-            "cost_pct": 100 * (1 - timed["median"] / bare["median"])}
+            "cost_pct": 100 * (1 - timed["median"] / bare["median"]),
+            "cost_pct_best": 100 * (1 - timed["max"] / bare["max"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1_000_000)
     ap.add_argument("--lanes", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--drain-jobs", type=int, default=50_000)
+    ap.add_argument("--drain-jobs", type=int, default=20_000)
+    ap.add_argument("--drain-runs", type=int, default=9)
     ap.add_argument("--json", metavar="FILE|-")
     args = ap.parse_args(argv)
     rows: list[list[Any]] = []
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         q.close()
     cost = observation_cost()
     results["observation_cost"] = cost
-    drain = drain_overhead(args.drain_jobs, args.runs)
+    drain = drain_overhead(args.drain_jobs, args.drain_runs)
     results["drain_overhead"] = drain
     bl.print_table(
         f"EchoMQ operations on {args.jobs:,} waiting jobs over {args.lanes:,} lanes "
@@ -193,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmetrics in the consumer: {cost['added_us']:.2f} µs per job added to a no-op "
           f"job's {cost['bare_us']:.2f} µs in the runner (best of 7 × 200,000); compare with "
           "the per-job time of bench/drain.py")
-    print(f"no-op drain of {args.drain_jobs:,} jobs in one process, alternating, {args.runs} "
+    print(f"no-op drain of {args.drain_jobs:,} jobs in one process, alternating, "
+          f"{args.drain_runs} "
           f"runs each: {bl.fmt_range(drain['bare_jobs_s'])} jobs/s without the metrics wrapper, "
           f"{bl.fmt_range(drain['timed_jobs_s'])} with it: {drain['cost_pct']:+.1f}% "
-          "(medians)")
+          f"(medians), {drain['cost_pct_best']:+.1f}% (best runs)")
     bl.emit_json(args.json, {"bench": "ops", "results": results})
     return 0
 
