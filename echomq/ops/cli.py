@@ -33,6 +33,7 @@ from echomq.ops.views import job_record, queue_exists, summary
 from echomq.queue import PURGEABLE, Queue
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+RETRY_BATCH = 1000
 
 
 class Refused(Exception):
@@ -169,7 +170,15 @@ def cmd_show(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 def cmd_retry(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
     q = _queue(client, args.queue)
-    moved = q.retry_dead(args.job_ids or None)
+    if args.job_ids:
+        moved = q.retry_dead(args.job_ids)
+    else:  # every dead job, a bounded batch per script call
+        moved = 0
+        while True:
+            batch = q.retry_dead(limit=RETRY_BATCH)
+            moved += batch
+            if batch < RETRY_BATCH:
+                break
     data = {"queue": q.name, "retried": moved}
     if args.job_ids and moved < len(args.job_ids):
         raise Refused(f"retried {moved} of {len(args.job_ids)}: the others are not dead jobs "

@@ -165,3 +165,12 @@ def test_dashboard_on_a_taken_port_is_a_clear_error(redis_url: str) -> None:
         res = run_cli("dashboard", "--port", str(port), url=redis_url)
     assert res.code == 1 and "cannot serve the dashboard" in res.err
     assert "Traceback" not in res.err
+
+
+def test_retry_without_ids_moves_every_dead_job(cli: Any, redis_url: str,
+                                                queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    make_dead(q, 2_345)
+    res = cli("retry", queue_name, "--json")
+    assert res.code == 0 and res.json["retried"] == 2_345
+    assert q.counts()["dead"] == 0 and q.counts()["waiting"] == 2_345
