@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-SAMPLE_S = 10.0
-KEEP = 90  # 15 minutes at 10 s
+SAMPLE_S = 5.0
+KEEP = 180  # 15 minutes at 5 s
 
 
 class History:
