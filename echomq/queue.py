@@ -16,7 +16,7 @@ from echomq import scripts
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.connection import DEFAULT_URL, client_from_url, describe, redact_url, translated
-from echomq.errors import InvalidName, InvalidSchedule, PayloadError
+from echomq.errors import CorruptJob, InvalidName, InvalidSchedule, PayloadError
 from echomq.job import STATES, Job
 from echomq.keys import DEFAULT_LANE, REGISTRY, Keys, validate_job_id, validate_name
 from echomq.tracing import current_traceparent
@@ -213,10 +213,7 @@ class Queue:
         """Jobs per state. ``completed`` is a running total; ``dead`` and ``cancelled`` are
         the jobs kept in those states (until retried or purged)."""
         with translated(self.where):
-            values = scripts.counts(self.redis, self.keys)
-        waiting, scheduled, active, completed, dead = values[:5]
-        return dict(zip(STATES, (waiting, scheduled, active, completed, dead, values[8]),
-                        strict=True))
+            return self._counts_of(scripts.counts(self.redis, self.keys))
 
     def stats(self) -> dict[str, Any]:
         """Counts plus totals: retried, spilled (on the floor only), lanes with work, and
@@ -273,7 +270,10 @@ class Queue:
         found = []
         for fields in flat:
             raw: dict[bytes, bytes] = dict(zip(fields[::2], fields[1::2], strict=True))
-            found.append(Job.from_hash(self.name, raw, strict=False))
+            try:
+                found.append(Job.from_hash(self.name, raw, strict=False))
+            except CorruptJob:  # a hash without its required fields: nothing to show
+                continue
         return found, nxt
 
     def purge(self, state: str) -> int:

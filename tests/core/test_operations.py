@@ -142,3 +142,12 @@ def test_registry_names_queues_that_admitted(redis_url: str, queue_name: str,
     q = echomq.Queue(queue_name, redis_url=redis_url)
     q.add("x", 1)
     assert queue_name in echomq.Queue.registered(r)
+
+
+def test_listing_skips_a_hash_without_its_fields(redis_url: str, queue_name: str,
+                                                 r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    good = q.add("x", 1)
+    r.hset(q.keys.job("broken"), "payload", "not json")
+    r.rpush(q.keys.lane("default"), "broken")
+    assert [j.id for j in q.jobs("waiting")] == [good]
