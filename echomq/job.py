@@ -8,8 +8,8 @@ from typing import Any
 
 from echomq.errors import CorruptJob
 
-STATES = ("waiting", "scheduled", "active", "completed", "dead")
-CLAIM_FIELDS = 9  # values per job returned by claim.lua
+STATES = ("waiting", "scheduled", "active", "completed", "dead", "cancelled")
+CLAIM_FIELDS = 10  # values per job returned by claim.lua
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -46,6 +46,7 @@ class Job:
     queue: str = ""
     token: str | None = field(default=None, repr=False)
     backoff: str = field(default="", repr=False)
+    trace: str = field(default="", repr=False)  # the producer's W3C traceparent, if any
 
     @classmethod
     def from_hash(cls, queue: str, raw: dict[bytes, bytes] | dict[str, str], *,
@@ -89,6 +90,7 @@ class Job:
             queue=queue,
             token=h.get("token") or None,
             backoff=h.get("backoff") or "",
+            trace=h.get("trace") or "",
         )
 
 
@@ -105,6 +107,7 @@ class Claimed:
     max_attempts: int
     backoff: str
     created_ms: int
+    trace: str = ""
 
     def to_job(self, queue: str) -> Job:
         """Decode the payload; raise CorruptJob when it is not JSON."""
@@ -113,7 +116,7 @@ class Claimed:
             payload=decode_payload(queue, self.id, self.payload_text),
             lane=self.lane, state="active", attempts=self.attempts,
             max_attempts=self.max_attempts, created_ms=self.created_ms, queue=queue,
-            token=self.token, backoff=self.backoff,
+            token=self.token, backoff=self.backoff, trace=self.trace,
         )
 
 
@@ -125,7 +128,7 @@ def parse_claimed(flat: list[Any]) -> list[Claimed]:
         out.append(Claimed(
             id=str(f[0]), token=str(f[1]), name=str(f[2]), payload_text=str(f[3]),
             lane=str(f[4]), attempts=int(f[5] or 0), max_attempts=_int(str(f[6]), 1),
-            backoff=str(f[7] or ""), created_ms=_int(str(f[8])),
+            backoff=str(f[7] or ""), created_ms=_int(str(f[8])), trace=str(f[9] or ""),
         ))
     return out
 

@@ -13,6 +13,9 @@ from echomq.errors import InvalidName
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,255}")
 DEFAULT_LANE = "default"
+# every queue's name, added by producers and supervisors: `echomq queues` reads it instead of
+# KEYS or a SCAN of the whole keyspace (scripts cannot keep it: it lives in another slot)
+REGISTRY = "emq:queues"
 
 
 def validate_name(name: object, what: str = "queue name") -> str:
@@ -40,7 +43,7 @@ class Keys:
     __slots__ = (
         "queue", "prefix", "ring", "leases", "schedule", "wake", "dead", "completed",
         "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence", "spilled",
-        "marker",
+        "marker", "paused", "cancelled",
     )
 
     def __init__(self, queue: str) -> None:
@@ -63,6 +66,8 @@ class Keys:
         self.fence = p + "fence"
         self.spilled = p + "spilled"  # ids of jobs held by the floor alone
         self.marker = p + "marker"
+        self.paused = p + "paused"
+        self.cancelled = p + "cancelled"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,9 +17,10 @@ from echomq import results, scripts
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.connection import DEFAULT_URL, client_from_url, describe, redact_url, translated
-from echomq.errors import ConfigError, InvalidName, InvalidSchedule, PayloadError
+from echomq.errors import ConfigError, CorruptJob, InvalidName, InvalidSchedule, PayloadError
 from echomq.job import STATES, Job
-from echomq.keys import DEFAULT_LANE, Keys, validate_job_id, validate_name
+from echomq.keys import DEFAULT_LANE, REGISTRY, Keys, validate_job_id, validate_name
+from echomq.tracing import current_traceparent
 
 DIAL_TTL_S = 5.0  # how long a producer trusts the durability dial it read from the meta
 ADMIT_BATCH = 500  # jobs per script call in add_many: bounds one script's run time
@@ -26,6 +28,8 @@ ADMIT_BATCH = 500  # jobs per script call in add_many: bounds one script's run t
 # ("1e+14"), so schedules end well before that: year 5000, or 100 years from now.
 MAX_DUE_MS = 95_617_584_000_000  # 5000-01-01T00:00:00Z
 MAX_DELAY_S = 100 * 365.25 * 86_400
+PURGE_BATCH = 1000  # jobs per purge call: one call stays short
+PURGEABLE = ("completed", "dead", "cancelled")
 
 
 class Queue:
@@ -62,6 +66,7 @@ class Queue:
             url = redis_url or DEFAULT_URL
             self.redis = client_from_url(url)
             self.where = redact_url(url)
+        self._registered = False
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, {self.where})"
@@ -93,6 +98,7 @@ class Queue:
         sync = self._must_sync([spec])
         [(script, keys, args)] = self._calls([spec])
         with translated(self.where):
+            self._register()
             script(self.redis, keys, args)
         if sync:
             self._sync_to_floor([spec])
@@ -108,6 +114,7 @@ class Queue:
         if specs:
             sync = self._must_sync(specs)
             with translated(self.where):
+                self._register()
                 scripts.execute(self.redis, self._calls(specs))
             if sync:
                 self._sync_to_floor(specs)
@@ -163,6 +170,12 @@ class Queue:
                 "floor=echomq.floor.Floor.from_url(FLOOR_URL) to Queue (nothing was admitted)")
         return sync
 
+    def _register(self) -> None:
+        """Add this queue to the registry ``echomq queues`` reads (once per Queue object)."""
+        if not self._registered:
+            self.redis.sadd(REGISTRY, self.name)
+            self._registered = True
+
     def _sync_to_floor(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> None:
         """Durability "sync": deferred jobs are on the floor before add() returns."""
         from echomq.floor.writethrough import write_through
@@ -187,7 +200,8 @@ class Queue:
         encoded = self.encode_payload(payload)
         due = self._due(delay, run_at)
         args = [job_id, name, encoded, lane, attempts, self.settings.max_stalls,
-                coerced.encode() if coerced else "", _timeout_ms(timeout), _dedup_ms(dedup_s)]
+                coerced.encode() if coerced else "", _timeout_ms(timeout), _dedup_ms(dedup_s),
+                current_traceparent()]
         return job_id, args, due
 
     def _due(self, delay: float | None, run_at: datetime | None) -> int | None:
@@ -290,17 +304,93 @@ class Queue:
             return results.wait(self._waiters, self.keys, job_id, timeout)
 
     def counts(self) -> dict[str, int]:
-        """Jobs per state. ``completed`` and ``dead``: completed is a running total."""
+        """Jobs per state. ``completed`` is a running total; ``dead`` and ``cancelled`` are
+        the jobs kept in those states (until retried or purged)."""
         with translated(self.where):
-            waiting, scheduled, active, completed, dead, *_ = scripts.counts(self.redis, self.keys)
-        return dict(zip(STATES, (waiting, scheduled, active, completed, dead), strict=True))
+            return self._counts_of(scripts.counts(self.redis, self.keys))
 
-    def stats(self) -> dict[str, int]:
-        """Counts plus totals: retried, spilled (on the floor only) and lanes with work."""
+    def stats(self) -> dict[str, Any]:
+        """Counts plus totals: retried, spilled (on the floor only), lanes with work, and
+        ``paused``."""
         with translated(self.where):
             values = scripts.counts(self.redis, self.keys)
-        names = (*STATES, "retried", "spilled", "lanes")
-        return dict(zip(names, values, strict=True))
+        out: dict[str, Any] = self._counts_of(values)
+        out.update(retried=values[5], spilled=values[6], lanes=values[7],
+                   paused=bool(values[9]))
+        return out
+
+    @staticmethod
+    def _counts_of(values: Sequence[int]) -> dict[str, int]:
+        return dict(zip(STATES, (*values[:5], values[8]), strict=True))
+
+    def is_paused(self) -> bool:
+        with translated(self.where):
+            return bool(self.redis.exists(self.keys.paused))
+
+    def pause(self) -> bool:
+        """Stop handing out jobs (admits go on, active jobs finish); False if already paused."""
+        with translated(self.where):
+            self._register()
+            return scripts.pause(self.redis, self.keys)
+
+    def resume(self) -> bool:
+        """Hand out jobs again, waking parked consumers; False if it was not paused."""
+        with translated(self.where):
+            return scripts.resume(self.redis, self.keys)
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a waiting or scheduled job (state ``cancelled``). False when the job is
+        unknown, active (it cannot be cancelled here) or already finished."""
+        validate_job_id(job_id)
+        with translated(self.where):
+            return scripts.cancel(self.redis, self.keys, job_id) is scripts.Cancelled.CANCELLED
+
+    def jobs(self, state: str, limit: int = 100) -> list[Job]:
+        """Up to ``limit`` jobs in ``state`` (oldest first; waiting: lane by lane)."""
+        return self.jobs_page(state, limit=limit)[0]
+
+    def jobs_page(self, state: str, limit: int = 100, cursor: str = ""
+                  ) -> tuple[list[Job], str]:
+        """One page of :meth:`jobs` and the cursor of the next ("" at the end). Costs
+        O(limit) however many jobs the state holds."""
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}: use one of {', '.join(STATES)}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise ValueError(f"limit must be an integer from 1 to 10000, got {limit!r}")
+        if cursor and not re.fullmatch(r"\d+(:\d+)?", cursor):
+            raise ValueError(f"invalid cursor {cursor!r}")
+        with translated(self.where):
+            nxt, flat = scripts.jobs(self.redis, self.keys, state, cursor, limit)
+        found = []
+        for fields in flat:
+            raw: dict[bytes, bytes] = dict(zip(fields[::2], fields[1::2], strict=True))
+            try:
+                found.append(Job.from_hash(self.name, raw, strict=False))
+            except CorruptJob:  # a hash without its required fields: nothing to show
+                continue
+        return found, nxt
+
+    def purge(self, state: str) -> int:
+        """Delete every job in a finished state (completed, dead or cancelled); returns how
+        many. Works in batches, so the server is never held for long."""
+        if state not in PURGEABLE:
+            raise ValueError(f"purge takes one of {', '.join(PURGEABLE)}, not {state!r}")
+        total = 0
+        with translated(self.where):
+            while True:
+                purged, remaining = scripts.purge(self.redis, self.keys, state, PURGE_BATCH)
+                total += purged
+                if not remaining or not purged:
+                    return total
+
+    def lanes(self, top: int = 10, scan: int = 10_000, heads: int = 1000) -> dict[str, Any]:
+        """The lanes with the most waiting jobs (looking at up to ``scan`` lanes) and the
+        age of the oldest job at the head of the first ``heads`` lanes of the ring."""
+        with translated(self.where):
+            total, scanned, oldest, now, busiest = scripts.survey(self.redis, self.keys,
+                                                                  scan, top, heads)
+        return {"lanes": total, "scanned": scanned, "busiest": busiest,
+                "oldest_waiting_s": max(0.0, (now - oldest) / 1000) if oldest >= 0 else None}
 
     def dead(self, limit: int = 100) -> list[Job]:
         """The oldest dead jobs, with their last error and traceback."""
@@ -319,6 +409,12 @@ class Queue:
             return 0
         with translated(self.where):
             return scripts.retry_dead(self.redis, self.keys, ids, limit)
+
+    @staticmethod
+    def registered(client: redis.Redis) -> list[str]:
+        """Names of the queues producers or supervisors have used on this server."""
+        return sorted(m.decode() if isinstance(m, bytes) else m
+                      for m in client.smembers(REGISTRY))
 
     def ping(self) -> None:
         """Raise ConnectionFailed unless the server answers."""

@@ -14,6 +14,7 @@ from echomq.config import QueueSettings
 from echomq.errors import CorruptJob
 from echomq.job import Claimed, Job
 from echomq.lanes import Outcome
+from echomq.tracing import handler_span
 
 MAX_ERROR_CHARS = 16_384
 
@@ -47,7 +48,11 @@ class Runner:
                            f"unknown handler {job.name!r} for queue {self.queue!r}")
         start = time.perf_counter()
         try:
-            result = fn(job)
+            if claimed.trace:  # the producer was tracing: run in a span linked to its context
+                with handler_span(self.queue, job.name, job.id, claimed.trace):
+                    result = fn(job)
+            else:
+                result = fn(job)
         except Exception as exc:  # a handler failure is data, not a crash
             self._observe(start)
             text = "".join(traceback.format_exception(exc))[-MAX_ERROR_CHARS:]

@@ -31,6 +31,15 @@ class Settled(IntEnum):
     DEAD = 3
 
 
+class Cancelled(IntEnum):
+    """Codes returned by ``cancel.lua``."""
+
+    NOT_FOUND = 0
+    CANCELLED = 1
+    ACTIVE = 2
+    FINISHED = 3
+
+
 class LuaScript:
     """One script file: its source, SHA1 and the number of KEYS its header declares."""
 
@@ -54,14 +63,14 @@ class LuaScript:
         pipe.evalsha(self.sha, self.num_keys, *keys, *args)
 
 
-ADMIT = LuaScript("admit", 4)
+ADMIT = LuaScript("admit", 5)
 SCHEDULE = LuaScript("schedule", 5)
-CLAIM = LuaScript("claim", 5)
+CLAIM = LuaScript("claim", 6)
 SETTLE = LuaScript("settle", 9)
 EXTEND = LuaScript("extend", 1)
 REAP = LuaScript("reap", 7)
 PROMOTE = LuaScript("promote", 4)
-COUNTS = LuaScript("counts", 6)
+COUNTS = LuaScript("counts", 8)
 RETRY_DEAD = LuaScript("retry_dead", 4)
 LEAD = LuaScript("lead", 6)
 SPILL = LuaScript("spill", 2)
@@ -69,8 +78,14 @@ RESTORE = LuaScript("restore", 3)
 BURY = LuaScript("bury", 4)
 TRIM_DEAD = LuaScript("trim_dead", 2)
 AWAIT = LuaScript("await", 2)
+PAUSE = LuaScript("pause", 1)
+RESUME = LuaScript("resume", 3)
+CANCEL = LuaScript("cancel", 6)
+JOBS = LuaScript("jobs", 2)
+PURGE = LuaScript("purge", 1)
+SURVEY = LuaScript("survey", 1)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE, BURY, TRIM_DEAD, AWAIT)
+       RESTORE, BURY, TRIM_DEAD, AWAIT, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY)
 
 
 def load_all(client: redis.Redis) -> None:
@@ -104,7 +119,7 @@ def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
 # --- typed wrappers: keys are chosen here, once ---------------------------------
 
 def admit_keys(k: Keys) -> list[str]:
-    return [k.ring, k.wake, k.spilled, k.stats]
+    return [k.ring, k.wake, k.spilled, k.stats, k.paused]
 
 
 def schedule_keys(k: Keys) -> list[str]:
@@ -112,7 +127,7 @@ def schedule_keys(k: Keys) -> list[str]:
 
 
 def claim_keys(k: Keys) -> list[str]:
-    return [k.ring, k.leases, k.tokens, k.wake, k.stats]
+    return [k.ring, k.leases, k.tokens, k.wake, k.stats, k.paused]
 
 
 def settle_keys(k: Keys) -> list[str]:
@@ -169,7 +184,7 @@ def trim_dead(client: redis.Redis, k: Keys, keep_count: int, keep_age_ms: int,
 
 def counts_keys(k: Keys) -> list[str]:
     """KEYS of the counts script (shared with the asyncio Queue)."""
-    return [k.ring, k.schedule, k.leases, k.dead, k.stats, k.spilled]
+    return [k.ring, k.schedule, k.leases, k.dead, k.stats, k.spilled, k.cancelled, k.paused]
 
 
 def counts_args(k: Keys, *, fast: bool = False) -> list[str]:
@@ -178,8 +193,9 @@ def counts_args(k: Keys, *, fast: bool = False) -> list[str]:
 
 
 def counts(client: redis.Redis, k: Keys, *, fast: bool = False) -> list[int]:
-    """{waiting, scheduled, active, completed, dead, retried, spilled, lanes}. ``fast``:
-    waiting from the counter the scripts keep, O(1) at any number of lanes."""
+    """{waiting, scheduled, active, completed, dead, retried, spilled, lanes, cancelled,
+    paused}. ``fast``: waiting from the counter the scripts keep, O(1) at any number of
+    lanes."""
     return [int(x) for x in COUNTS(client, counts_keys(k), counts_args(k, fast=fast))]
 
 
@@ -190,3 +206,51 @@ def await_keys(k: Keys, job_id: str) -> list[str]:
 
 def retry_dead(client: redis.Redis, k: Keys, ids: Sequence[str], limit: int) -> int:
     return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake, k.stats], [k.prefix, limit, *ids]))
+
+
+# --- operations: pause, cancel, listing, purging ---------------------------------
+
+def pause(client: redis.Redis, k: Keys) -> bool:
+    """Pause the queue; False when it already was."""
+    return bool(PAUSE(client, [k.paused], []))
+
+
+def resume(client: redis.Redis, k: Keys) -> bool:
+    """Resume the queue (ringing when jobs wait); False when it was not paused."""
+    return bool(RESUME(client, [k.paused, k.ring, k.wake], [k.prefix]))
+
+
+def cancel(client: redis.Redis, k: Keys, job_id: str) -> Cancelled:
+    keys = [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats]
+    return Cancelled(int(CANCEL(client, keys, [k.prefix, job_id])))
+
+
+def state_source(k: Keys, state: str) -> str:
+    """The zset that holds the jobs of a state (waiting jobs live on lanes instead)."""
+    return {"waiting": k.ring, "scheduled": k.schedule, "active": k.leases,
+            "completed": k.completed, "dead": k.dead, "cancelled": k.cancelled}[state]
+
+
+def jobs(client: redis.Redis, k: Keys, state: str, cursor: str, limit: int
+         ) -> tuple[str, list[list[bytes]]]:
+    """One page of a state: (next cursor or "", the jobs' flat HGETALL arrays)."""
+    reply = JOBS(client, [k.ring, state_source(k, state)], [k.prefix, state, cursor, limit])
+    head = reply[0]
+    return (head.decode() if isinstance(head, bytes) else str(head)), list(reply[1:])
+
+
+def purge(client: redis.Redis, k: Keys, state: str, limit: int) -> tuple[int, int]:
+    """Delete up to ``limit`` of a finished state's oldest jobs: (purged, remaining)."""
+    purged, remaining = PURGE(client, [state_source(k, state)], [k.prefix, limit])
+    return int(purged), int(remaining)
+
+
+def survey(client: redis.Redis, k: Keys, scan: int, top: int, heads: int
+           ) -> tuple[int, int, int, int, list[tuple[str, int]]]:
+    """(lanes, lanes scanned, oldest created_ms of the first ``heads`` lanes' head jobs or
+    -1, server now ms, [(lane, waiting)] longest first)."""
+    reply = SURVEY(client, [k.ring], [k.prefix, scan, top, heads])
+    pairs = reply[4:]
+    lanes = [((pairs[i].decode() if isinstance(pairs[i], bytes) else str(pairs[i])),
+              int(pairs[i + 1])) for i in range(0, len(pairs), 2)]
+    return int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), lanes

@@ -22,6 +22,7 @@ from echomq.supervisor.children import Child, fork_child, sever_client
 from echomq.supervisor.handlers import load_handler
 from echomq.supervisor.logs import event
 from echomq.supervisor.metronome import Metronome
+from echomq.supervisor.observations import Tally
 from echomq.supervisor.recycle import over_memory
 from echomq.supervisor.settings import QueueSpec, Settings
 from echomq.supervisor.signals import SignalPipe, sever
@@ -29,7 +30,7 @@ from echomq.supervisor.signals import SignalPipe, sever
 from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import NETWORK_ERRORS, client_from_url, redact_url
-from echomq.keys import Keys
+from echomq.keys import REGISTRY, Keys
 from echomq.wake import DoorbellMismatch, claim_doorbell
 
 log = logging.getLogger("echomq.supervisor")
@@ -112,6 +113,7 @@ class Arbiter:
         self.exit_code = 0
         self.forget_in_child: list[Callable[[], None]] = []
         self.pids: dict[int, Child] = {}
+        self.observed = Tally()  # the children's job observations, for /metrics
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -152,6 +154,7 @@ class Arbiter:
             durability = rt.settings.durability or "volatile"
             # "fold" is the scheduler's lease (lead.lua), not set here
             self.client.hset(Keys(rt.spec.name).meta, mapping={"durability": durability})
+            self.client.sadd(REGISTRY, rt.spec.name)  # `echomq queues` lists it
             claim_doorbell(self.client, rt.metronome.keys, rt.settings.doorbell,
                            switch=self.settings.switch_doorbell)
         except DoorbellMismatch as exc:
@@ -283,6 +286,8 @@ class Arbiter:
         for line in child.reader.read():
             if line.startswith(protocol.HOLD):
                 child.held = protocol.parse_hold(line)
+            elif line.startswith(protocol.OBS):
+                self.observed.merge(child.queue, line)
             elif line.startswith(protocol.IDLE):
                 parts = line.split()
                 jobs = int(parts[1]) if len(parts) > 1 else 0

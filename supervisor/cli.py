@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="record --doorbell in the queue's meta even if it names the other "
                        "kind (stop every consumer of the queue first) "
                        f"{_env_help('switch_doorbell')}")
+    start.add_argument("--dashboard", action="store_true", default=None,
+                       help=f"serve the dashboard at / of the health port "
+                       f"{_env_help('dashboard')}")
+    start.add_argument("--dashboard-actions", action="store_true", default=None,
+                       help="let the dashboard retry, cancel, pause and resume "
+                       f"{_env_help('dashboard_actions')}")
 
     migrate = sub.add_parser("migrate", help="upgrade the floor's schema to head")
     migrate.add_argument("--floor-url", help=f"SQL floor URL {_env_help('floor_url')}")
@@ -163,6 +169,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for spec in specs:
         validate_name(spec.name)
     log_json = _pick(args, "log_json")
+    dashboard, actions = _pick(args, "dashboard"), _pick(args, "dashboard_actions")
     health_port = _number("health_port", _pick(args, "health_port"), int)
     return Settings(
         redis_url=_pick(args, "redis_url") or file_cfg.get("redis_url") or DEFAULT_REDIS_URL,
@@ -185,6 +192,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         log_level=_pick(args, "log_level") or "INFO",
         doorbell=_pick(args, "doorbell") or "list",
         switch_doorbell=_flag(_pick(args, "switch_doorbell")),
+        dashboard=dashboard if isinstance(dashboard, bool) else parse_bool(dashboard or "0"),
+        dashboard_actions=actions if isinstance(actions, bool) else parse_bool(actions or "0"),
     )
 
 
@@ -233,7 +242,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     health = None
     if settings.health_port is not None:
         health = Health(settings.health_host, settings.health_port, settings.redis_url,
-                        arbiter.snapshot, live_after_s=max(10.0, 3 * settings.beat_ms / 1000))
+                        arbiter.snapshot, live_after_s=max(10.0, 3 * settings.beat_ms / 1000),
+                        tally=arbiter.observed, dashboard=settings.dashboard,
+                        dashboard_actions=settings.dashboard_actions)
         health.start()
         arbiter.forget_in_child.append(health.forget_in_child)
     try:

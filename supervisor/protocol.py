@@ -6,6 +6,7 @@ child → parent
     ``IDLE <n> <claim_to_start_us>``  a claim came back empty; the child waits for a poke.
                                     n jobs ran since the last report, with the summed wait
                                     between their claim and their start
+    ``OBS <json>``                  folded job observations for /metrics (observations.py)
 parent → child
     ``P``   poke: claim until empty
     ``S``   stop when the job in hand is done
@@ -21,6 +22,7 @@ STOP = b"S"
 READY = "READY"
 HOLD = "HOLD"
 IDLE = "IDLE"
+OBS = "OBS"
 
 # exit codes the parent reads from waitpid
 EXIT_OK = 0

@@ -38,6 +38,8 @@ ENV_VARS: dict[str, str] = {
     "config": "ECHOMQ_CONFIG",
     "doorbell": "ECHOMQ_DOORBELL",
     "switch_doorbell": "ECHOMQ_SWITCH_DOORBELL",
+    "dashboard": "ECHOMQ_DASHBOARD",
+    "dashboard_actions": "ECHOMQ_DASHBOARD_ACTIONS",
 }
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -82,6 +84,8 @@ class Settings:
     log_level: str = "INFO"
     doorbell: str = "list"
     switch_doorbell: bool = False
+    dashboard: bool = False  # serve the dashboard at / of the health port
+    dashboard_actions: bool = False  # ... with retry/cancel/pause buttons
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

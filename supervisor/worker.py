@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from echomq.supervisor import protocol
+from echomq.supervisor.observations import Observations, TimedRunner
 
 from echomq import scripts
 from echomq.config import QueueSettings
@@ -50,7 +51,8 @@ class Worker:
         self.jobs_run = 0
         self.report_jobs = 0
         self.report_wait_us = 0
-        self.drain = Drain(self.lanes, self.runner, self)
+        self.observations = Observations()
+        self.drain = Drain(self.lanes, TimedRunner(self.runner, self.observations), self)
         self.claimed_at = 0.0
         self.floor: Any = None
         if floor_url and settings.durability == "sync":
@@ -80,6 +82,7 @@ class Worker:
                 return protocol.EXIT_OK
             if protocol.POKE in data:
                 self._drain_safely()
+                self._send_observations(force=True)
                 self._send(protocol.idle_line(self.report_jobs, self.report_wait_us))
                 self.report_jobs = self.report_wait_us = 0
             if self.stopping:
@@ -101,6 +104,7 @@ class Worker:
 
     def on_batch(self, batch: Sequence[Claimed]) -> None:
         self.claimed_at = time.perf_counter()
+        self._send_observations(force=False)
         self._send(protocol.hold_line([(c.id, c.token) for c in batch]))
 
     def on_start(self, claimed: Claimed) -> None:
@@ -136,6 +140,11 @@ class Worker:
 
     def _recycle_due(self) -> bool:
         return self.max_jobs is not None and self.jobs_run >= self.max_jobs
+
+    def _send_observations(self, force: bool) -> None:
+        line = self.observations.line(force)
+        if line is not None:
+            self._send(line)
 
     def _send(self, line: bytes) -> None:
         self.sock.sendall(line)

@@ -8,8 +8,9 @@
   server's clock. Ids whose hash is missing are dropped. With the chain
   flag, the doorbell rings when lanes still hold work after the claim, so a
   burst admitted with one ring wakes parked consumers one after another
-  instead of one consumer taking it all. The lane list and the job hash are
-  built from the prefix inside the script.
+  instead of one consumer taking it all. A paused queue (the pause flag
+  exists) hands out nothing. The lane list and the job hash are built from
+  the prefix inside the script.
 
   Input:
     KEYS[1] ring    list of lanes with waiting jobs
@@ -17,15 +18,17 @@
     KEYS[3] tokens  lease token counter (kept at or past the server clock in us)
     KEYS[4] wake    the doorbell list
     KEYS[5] stats   counters (field "waiting": ids on the lanes)
+    KEYS[6] paused  string, present while the queue is paused
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] lease_ms
     ARGV[3] count, the most jobs to claim
     ARGV[4] chain: "1" to ring when work remains after this claim
 
   Output:
-    a flat array, 9 values per claimed job:
-    id, token, name, payload, lane, attempts, max_attempts, backoff, created_ms
+    a flat array, 10 values per claimed job:
+    id, token, name, payload, lane, attempts, max_attempts, backoff, created_ms, trace
 ]]
+if redis.call('EXISTS', KEYS[6]) == 1 then return {} end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
@@ -49,7 +52,7 @@ while claimed < count and turns < count * 4 do
     popped = popped + 1
     local jk = prefix .. 'job:' .. id
     local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
-      'backoff', 'created_ms')
+      'backoff', 'created_ms', 'trace')
     if f[1] then
       if not token_base then
         -- tokens never fall behind the server clock in us, so a counter that restarts
@@ -77,6 +80,7 @@ while claimed < count and turns < count * 4 do
       out[n + 7] = f[4] or '1'
       out[n + 8] = f[5] or ''
       out[n + 9] = f[6] or '0'
+      out[n + 10] = f[7] or ''
       claimed = claimed + 1
     end
   end

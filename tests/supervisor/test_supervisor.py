@@ -40,7 +40,7 @@ def test_5000_jobs_across_50_lanes_complete_exactly_once(
     ran = _ran(r, queue_name)
     assert set(ran) == set(ids) and set(ran.values()) == {1}
     assert q.counts() == {"waiting": 0, "scheduled": 0, "active": 0, "completed": 5000,
-                          "dead": 0}
+                          "dead": 0, "cancelled": 0}
 
 
 def test_sigkill_a_child_mid_job_requeues_and_respawns(
@@ -134,6 +134,9 @@ def test_idle_supervisor_stays_within_the_beat_budget(supervisor: Start, queue_n
                "--doorbell", doorbell, "--health-port", str(port)).started(8)
     wait_until(lambda: int(r.info("clients")["blocked_clients"]) == 1, 10, "the metronome")
     wait_until(lambda: _ready_children(port, queue_name) == 8, 20, "every consumer's READY")
+    # each consumer's first claim (one LMOVE on the empty ring) is start-up, not idle cost
+    wait_until(lambda: int(r.info("commandstats").get("cmdstat_lmove", {}).get("calls", 0)) >= 8,
+               10, "every consumer's first claim")
     threading_event_wait(0.3)  # let the startup pokes settle before counting
     r.config_resetstat()
     t0 = time.monotonic()
