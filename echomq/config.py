@@ -19,6 +19,9 @@ class QueueSettings:
     ``keep_completed`` bounds how many completed jobs keep their hash (0 drops
     them at once, None keeps all); ``keep_completed_s`` drops those older than
     that many seconds. ``claim_batch`` is how many jobs one claim may lease.
+    ``concurrency`` is how many jobs a consumer runs at once (coroutines for async
+    handlers, threads for sync ones); ``job_timeout`` the default per-job limit in
+    seconds (a job's own ``timeout`` overrides it).
     """
 
     max_payload_bytes: int = 512 * 1024
@@ -32,6 +35,8 @@ class QueueSettings:
     keep_completed: int | None = 1000
     keep_completed_s: float | None = 24 * 3600.0
     durability: str | None = None
+    concurrency: int = 1
+    job_timeout: float | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -46,6 +51,10 @@ class QueueSettings:
              "keep_completed must be >= 0 or None"),
             (self.keep_completed_s is None or self.keep_completed_s >= 0,
              "keep_completed_s must be >= 0 or None"),
+            (isinstance(self.concurrency, int) and 1 <= self.concurrency <= 10_000,
+             "concurrency must be an integer from 1 to 10000"),
+            (self.job_timeout is None or 0 < self.job_timeout < float("inf"),
+             "job_timeout must be a number of seconds > 0 or None"),
             (self.durability is None or self.durability in DURABILITIES,
              f"durability must be one of {', '.join(DURABILITIES)}"),
         )

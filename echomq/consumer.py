@@ -184,6 +184,9 @@ class Consumer:
     def on_start(self, claimed: Claimed) -> None:
         self.processed += 1
 
+    def on_finish(self, claimed: Claimed) -> None:
+        """Nothing to do: the job stays held (and extended) until its outcome is settled."""
+
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
         self._unhold(pairs)
 

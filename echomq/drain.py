@@ -35,6 +35,9 @@ class DrainHooks(Protocol):
     def on_start(self, claimed: Claimed) -> None:
         """A job is about to run."""
 
+    def on_finish(self, claimed: Claimed) -> None:
+        """A job's handler returned; its outcome is not settled yet."""
+
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Jobs of the batch were handed back without running."""
 
@@ -68,6 +71,7 @@ class Drain:
                     break
                 self.hooks.on_start(claimed)
                 outcomes.append(self.runner.run(claimed))
+                self.hooks.on_finish(claimed)
             if self.hooks.stop_requested():
                 self.settle(outcomes)
                 return

@@ -68,9 +68,14 @@ class Queue:
         job_id: str | None = None,
         max_attempts: int | None = None,
         backoff: Backoff | float | None = None,
+        timeout: float | None = None,
     ) -> str:
-        """Admit one job and return its id (the same id again for a repeated ``job_id``)."""
-        spec = self._spec(name, payload, lane, delay, run_at, job_id, max_attempts, backoff)
+        """Admit one job and return its id (the same id again for a repeated ``job_id``).
+
+        ``timeout``: the job's time limit in seconds (overrides the consumer's job_timeout).
+        """
+        spec = self._spec(name, payload, lane, delay, run_at, job_id, max_attempts, backoff,
+                          timeout)
         [(script, keys, args)] = self._calls([spec])
         with translated(self.where):
             script(self.redis, keys, args)
@@ -95,12 +100,14 @@ class Queue:
                 name = item[0]
                 payload = item[1] if len(item) > 1 else None
                 opts = dict(item[2]) if len(item) > 2 else {}
-            unknown = set(opts) - {"lane", "delay", "run_at", "job_id", "max_attempts", "backoff"}
+            unknown = set(opts) - {"lane", "delay", "run_at", "job_id", "max_attempts", "backoff",
+                                   "timeout"}
             if unknown:
                 raise ValueError(f"unknown job option(s): {', '.join(sorted(unknown))}")
             specs.append(self._spec(name, payload, opts.get("lane"), opts.get("delay"),
                                     opts.get("run_at"), opts.get("job_id"),
-                                    opts.get("max_attempts"), opts.get("backoff")))
+                                    opts.get("max_attempts"), opts.get("backoff"),
+                                    opts.get("timeout")))
         if specs:
             with translated(self.where):
                 scripts.execute(self.redis, self._calls(specs))
@@ -119,7 +126,8 @@ class Queue:
 
     def _spec(self, name: Any, payload: Any, lane: str | None, delay: float | None,
               run_at: datetime | None, job_id: str | None, max_attempts: int | None,
-              backoff: Backoff | float | None) -> tuple[str, list[Any], int | None]:
+              backoff: Backoff | float | None, timeout: float | None = None
+              ) -> tuple[str, list[Any], int | None]:
         """Validate one job: (id, admit args without the due, due arg or None)."""
         if not isinstance(name, str) or not name or len(name) > 255:
             raise InvalidName(f"invalid job name {name!r}: a non-empty string of at most 255 chars")
@@ -132,7 +140,7 @@ class Queue:
         encoded = self.encode_payload(payload)
         due = self._due(delay, run_at)
         args = [job_id, name, encoded, lane, attempts, self.settings.max_stalls,
-                coerced.encode() if coerced else ""]
+                coerced.encode() if coerced else "", _timeout_ms(timeout)]
         return job_id, args, due
 
     def _due(self, delay: float | None, run_at: datetime | None) -> int | None:
@@ -234,3 +242,13 @@ class Queue:
 
     def close(self) -> None:
         self.redis.close()
+
+
+def _timeout_ms(timeout: float | None) -> str:
+    """A job's time limit as the scripts store it: whole ms, '' for none."""
+    if timeout is None:
+        return ""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+            math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    return str(max(1, math.ceil(timeout * 1000)))

@@ -66,8 +66,9 @@ RETRY_DEAD = LuaScript("retry_dead", 3)
 LEAD = LuaScript("lead", 5)
 SPILL = LuaScript("spill", 2)
 RESTORE = LuaScript("restore", 3)
+PROGRESS = LuaScript("progress", 1)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE)
+       RESTORE, PROGRESS)
 
 
 def load_all(client: redis.Redis) -> None:
@@ -152,6 +153,12 @@ def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str
     for job_id, token in held:
         args += [job_id, token]
     return [bool(x) for x in EXTEND(client, [k.leases], args)]
+
+
+def progress(client: redis.Redis, k: Keys, lease_ms: int, job_id: str, token: str,
+             value: str) -> bool:
+    """Record a running job's progress (JSON text) and extend its lease; False if stale."""
+    return bool(PROGRESS(client, [k.leases], [k.prefix, lease_ms, job_id, token, value]))
 
 
 def counts(client: redis.Redis, k: Keys) -> list[int]:

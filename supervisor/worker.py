@@ -1,7 +1,9 @@
 """The forked child's loop: wait on the pipe, claim while claims return work, report idle.
 
 A child never blocks on Valkey and never sleeps: between drains it is
-blocked in ``recv`` on its socketpair until the parent pokes it.
+blocked in ``recv`` on its socketpair until the parent pokes it. What it holds
+and runs is written to its shared :class:`Holdings` table as it changes, so the
+parent knows it at every moment without a message per job.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import select
 import signal
 import socket
 import time
@@ -17,6 +20,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from echomq.supervisor import protocol
+from echomq.supervisor.holdings import Holdings
 
 from echomq import scripts
 from echomq.config import QueueSettings
@@ -31,6 +35,7 @@ from echomq.runner import Runner
 from echomq.scripts import Settled
 
 log = logging.getLogger("echomq.worker")
+MAX_SETTLE_WAIT_S = 2.0
 
 
 class Worker:
@@ -38,14 +43,16 @@ class Worker:
 
     def __init__(self, sock: socket.socket, queue: str, redis_url: str,
                  settings: QueueSettings, handler: Callable[..., Any],
-                 max_jobs: int | None, floor_url: str | None = None) -> None:
+                 max_jobs: int | None, floor_url: str | None = None,
+                 holdings: Holdings | None = None) -> None:
         self.sock = sock
+        self.holdings = holdings or Holdings(max(settings.claim_batch, settings.concurrency))
         self.queue = queue
         self.settings = settings
         self.max_jobs = max_jobs
         self.client = client_from_url(redis_url)
         self.lanes = Lanes(self.client, Keys(queue), settings)
-        self.runner = Runner(queue, handler, settings)
+        self.runner = Runner(queue, handler, settings, progress=self.lanes.progress)
         self.stopping = False
         self.jobs_run = 0
         self.report_jobs = 0
@@ -77,13 +84,13 @@ class Worker:
             except InterruptedError:
                 data = b"P"
             if not data or protocol.STOP in data or self.stopping:
-                return protocol.EXIT_OK
+                return self._settle_then_exit(parent_gone=not data)
             if protocol.POKE in data:
                 self._drain_safely()
                 self._send(protocol.idle_line(self.report_jobs, self.report_wait_us))
                 self.report_jobs = self.report_wait_us = 0
             if self.stopping:
-                return protocol.EXIT_OK
+                return self._settle_then_exit()
             if self.max_jobs is not None and self.jobs_run >= self.max_jobs:
                 return protocol.EXIT_RECYCLE
 
@@ -94,6 +101,28 @@ class Worker:
             # the metronome reconnects and pokes again once the server answers
             log.warning("queue %s: server unreachable while draining: %s", self.queue, exc)
 
+    def _settle_then_exit(self, parent_gone: bool = False) -> int:
+        """Never leave with outcomes unsettled: retry until the server answers. The parent
+        keeps their leases meanwhile and, at its drain deadline, ends this process and
+        hands the jobs back."""
+        failures = 0
+        while self.drain.pending:
+            try:
+                self.drain.settle(self.drain.pending)
+            except NETWORK_ERRORS as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("queue %s: %d unsettled outcome(s) kept until the server "
+                                "answers: %s", self.queue, len(self.drain.pending), exc)
+                if parent_gone:
+                    break  # nobody extends their leases now: they expire and run again
+                # no event says the server is back; wait on the pipe so EOF ends the wait
+                wait = min(MAX_SETTLE_WAIT_S, 0.05 * 2 ** min(failures, 6))
+                readable, _, _ = select.select([self.sock], [], [], wait)
+                if readable and not self.sock.recv(64):
+                    parent_gone = True
+        return protocol.EXIT_OK
+
     # --- drain hooks ---------------------------------------------------------------
 
     def stop_requested(self) -> bool:
@@ -101,17 +130,26 @@ class Worker:
 
     def on_batch(self, batch: Sequence[Claimed]) -> None:
         self.claimed_at = time.perf_counter()
-        self._send(protocol.hold_line([(c.id, c.token) for c in batch]))
+        self.holdings.hold((c.id, c.token) for c in batch)
 
     def on_start(self, claimed: Claimed) -> None:
         self.report_wait_us += int((time.perf_counter() - self.claimed_at) * 1e6)
         self.jobs_run += 1
         self.report_jobs += 1
+        timeout = self.runner.timeout_of(claimed)
+        # a sync handler cannot be interrupted here: the parent ends this process at the
+        # deadline (an awaitable it returns is bounded by the runner itself)
+        deadline = time.monotonic() + timeout if timeout else 0.0
+        self.holdings.start(claimed.id, deadline, timeout or 0.0)
+
+    def on_finish(self, claimed: Claimed) -> None:
+        self.holdings.finish(claimed.id)
 
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
-        """Nothing to do: the next HOLD or IDLE line replaces what the parent knows."""
+        self.holdings.drop(job_id for job_id, _ in pairs)
 
     def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
+        self.holdings.drop(o.job_id for o in outcomes)
         self._write_retries(outcomes, codes)
 
     def _write_retries(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
@@ -143,12 +181,13 @@ class Worker:
 
 def run_child(sock: socket.socket, queue: str, redis_url: str, settings: QueueSettings,
               handler: Callable[..., Any], max_jobs: int | None,
-              floor_url: str | None = None) -> NoReturn:
+              floor_url: str | None = None, holdings: Holdings | None = None) -> NoReturn:
     """Entry point right after fork: serve, then leave without running the parent's atexit."""
     code = protocol.EXIT_OK
     random.seed()
     try:
-        code = Worker(sock, queue, redis_url, settings, handler, max_jobs, floor_url).serve()
+        code = Worker(sock, queue, redis_url, settings, handler, max_jobs, floor_url,
+                      holdings).serve()
     except BaseException:  # the child must never return into the parent's code
         log.exception("queue %s: consumer process failed", queue)
         code = 1

@@ -22,8 +22,9 @@
     ARGV[4] chain: "1" to ring when work remains after this claim
 
   Output:
-    a flat array, 9 values per claimed job:
-    id, token, name, payload, lane, attempts, max_attempts, backoff, created_ms
+    a flat array, 10 values per claimed job:
+    id, token, name, payload, lane, attempts, max_attempts, backoff, created_ms,
+    timeout_ms ('' when the job has no time limit of its own)
 ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -46,7 +47,7 @@ while claimed < count and turns < count * 4 do
   if id then
     local jk = prefix .. 'job:' .. id
     local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
-      'backoff', 'created_ms')
+      'backoff', 'created_ms', 'timeout_ms')
     if f[1] then
       if not token_base then token_base = redis.call('INCRBY', KEYS[3], count) - count end
       local token = tostring(token_base + claimed + 1)
@@ -64,6 +65,7 @@ while claimed < count and turns < count * 4 do
       out[n + 7] = f[4] or '1'
       out[n + 8] = f[5] or ''
       out[n + 9] = f[6] or '0'
+      out[n + 10] = f[7] or ''
       claimed = claimed + 1
     end
   end

@@ -14,8 +14,9 @@
     KEYS[4] fold      list of ids not yet written to the floor
     ARGV[1] key prefix "emq:{q}:"  (job hashes are built from it)
     ARGV[2] n, the number of jobs
-    ARGV[3..] per job, 8 values: id, name, payload, lane, max_attempts, max_stalls,
-              backoff, due (">=0": absolute ms; "-<d>": d ms from now)
+    ARGV[3..] per job, 9 values: id, name, payload, lane, max_attempts, max_stalls,
+              backoff, timeout_ms ('' for none),
+              due (">=0": absolute ms; "-<d>": d ms from now)
 
   Output:
     an array of n integers: 1 scheduled, 0 already existed
@@ -32,18 +33,19 @@ local head_due = head[2] and tonumber(head[2]) or nil
 local new_head = false
 local out = {}
 for i = 0, n - 1 do
-  local b = 3 + i * 8
+  local b = 3 + i * 9
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
   if redis.call('EXISTS', jk) == 1 then
     out[i + 1] = 0
   else
-    local due = tonumber(ARGV[b + 7])
+    local due = tonumber(ARGV[b + 8])
     if due < 0 then due = math.ceil(exact - due) end
     redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
       'lane', ARGV[b + 3], 'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[b + 4],
       'stalls', 0, 'max_stalls', ARGV[b + 5], 'backoff', ARGV[b + 6], 'created_ms', now,
       'due_ms', due, 'deferred', 1)
+    if ARGV[b + 7] ~= '' then redis.call('HSET', jk, 'timeout_ms', ARGV[b + 7]) end
     redis.call('ZADD', KEYS[1], due, id)
     if fold then redis.call('RPUSH', KEYS[4], id) end
     if head_due == nil or due < head_due then

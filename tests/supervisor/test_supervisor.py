@@ -109,7 +109,7 @@ def test_drain_timeout_kills_and_requeues(
     assert sup.wait(10) == 0
     assert time.monotonic() - t0 < 5
     job = q.get(job_id)
-    assert job is not None and job.state == "waiting" and job.stalls == 0
+    assert job is not None and job.state == "waiting" and job.stalls == 1  # a drain kill
 
 
 def test_a_job_longer_than_its_lease_is_not_reaped(
@@ -128,7 +128,19 @@ def test_idle_supervisor_stays_within_the_beat_budget(supervisor: Start, queue_n
                                                       private_redis: LocalRedis) -> None:
     url = private_redis.url
     r = redis.Redis.from_url(url)
-    supervisor(url, queue_name, "--processes", "8", "--beat-ms", "1000").started(8)
+    port = free_port()
+    supervisor(url, queue_name, "--processes", "8", "--beat-ms", "1000",
+               "--health-port", str(port)).started(8)
+
+    def ready_children() -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+                return int(json.loads(resp.read())["queues"][queue_name]["children"])
+        except (OSError, ValueError):
+            return 0
+
+    # every consumer booted (scripts loaded, READY said) before counting
+    wait_until(lambda: ready_children() == 8, 20, "eight ready consumers")
     wait_until(lambda: int(r.info("clients")["blocked_clients"]) == 1, 10, "the metronome")
     r.config_resetstat()
     t0 = time.monotonic()
