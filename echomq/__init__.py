@@ -10,6 +10,7 @@ from __future__ import annotations
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.consumer import Consumer
+from echomq.control import Fail, Retry
 from echomq.errors import (
     ConfigError,
     ConnectionFailed,
@@ -38,6 +39,7 @@ __all__ = [
     "Consumer",
     "CorruptJob",
     "EchoMQError",
+    "Fail",
     "FloorError",
     "FloorSchemaError",
     "HandlerNotFound",
@@ -50,5 +52,6 @@ __all__ = [
     "PayloadError",
     "Queue",
     "QueueSettings",
+    "Retry",
     "StaleLease",
 ]

@@ -95,7 +95,9 @@ class Arbiter:
         self.queues: dict[str, QueueRuntime] = {}
         for spec in settings.queues:
             qs = QueueSettings(beat_ms=settings.beat_ms, lease_ms=settings.lease_ms,
-                               durability=settings.durability_of(spec))
+                               durability=settings.durability_of(spec),
+                               concurrency=settings.concurrency,
+                               job_timeout=settings.job_timeout)
             self.queues[spec.name] = QueueRuntime(
                 spec=spec, settings=qs, handler=import_handler(spec.handler),
                 metronome=Metronome(spec.name, self.client, qs),

@@ -28,6 +28,8 @@ ENV_VARS: dict[str, str] = {
     "health_host": "ECHOMQ_HEALTH_HOST",
     "max_memory_mb": "ECHOMQ_MAX_MEMORY_MB",
     "max_jobs": "ECHOMQ_MAX_JOBS",
+    "concurrency": "ECHOMQ_CONCURRENCY",
+    "job_timeout": "ECHOMQ_JOB_TIMEOUT",
     "spill_horizon": "ECHOMQ_SPILL_HORIZON",
     "log_json": "ECHOMQ_LOG_JSON",
     "log_level": "ECHOMQ_LOG_LEVEL",
@@ -64,6 +66,8 @@ class Settings:
     health_host: str = "0.0.0.0"
     max_memory_mb: int | None = None
     max_jobs: int | None = None
+    concurrency: int = 1
+    job_timeout: float | None = None
     spill_horizon: float = DEFAULT_SPILL_HORIZON_S
     log_json: bool = False
     log_level: str = "INFO"
@@ -76,6 +80,10 @@ class Settings:
             raise ConfigError(f"lease_ms must be >= 100, got {self.lease_ms}")
         if self.drain_timeout < 0:
             raise ConfigError(f"drain_timeout must be >= 0, got {self.drain_timeout}")
+        if not 1 <= self.concurrency <= 10_000:
+            raise ConfigError(f"concurrency must be from 1 to 10000, got {self.concurrency}")
+        if self.job_timeout is not None and not 0 < self.job_timeout < float("inf"):
+            raise ConfigError(f"job_timeout must be > 0 seconds, got {self.job_timeout}")
         for spec in self.queues:
             if spec.processes < 1:
                 raise ConfigError(f"queue {spec.name!r}: processes must be >= 1")

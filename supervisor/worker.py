@@ -23,6 +23,7 @@ from echomq.supervisor import protocol
 from echomq.supervisor.holdings import Holdings
 
 from echomq import scripts
+from echomq.concurrent import ConcurrentDrain
 from echomq.config import QueueSettings
 from echomq.connection import NETWORK_ERRORS, client_from_url
 from echomq.drain import Drain
@@ -36,6 +37,9 @@ from echomq.scripts import Settled
 
 log = logging.getLogger("echomq.worker")
 MAX_SETTLE_WAIT_S = 2.0
+# an async job past its limit is cancelled here; the parent ends the process only if this
+# much later the job still runs (a handler that blocks the event loop)
+ASYNC_GRACE_S = 2.0
 
 
 class Worker:
@@ -58,6 +62,10 @@ class Worker:
         self.report_jobs = 0
         self.report_wait_us = 0
         self.drain = Drain(self.lanes, self.runner, self)
+        self.pool: ConcurrentDrain | None = None
+        if settings.concurrency > 1 or self.runner.has_async():
+            self.pool = ConcurrentDrain(self.lanes, self.runner, self, settings.concurrency)
+        self.parent_gone = False
         self.claimed_at = 0.0
         self.floor: Any = None
         if floor_url and settings.durability == "sync":
@@ -78,6 +86,8 @@ class Worker:
             signal.signal(sig, signal.SIG_DFL)
         scripts.load_all(self.client)
         self._send(protocol.READY.encode() + b"\n")
+        if self.pool is not None:
+            return self._serve_pool(self.pool)
         while True:
             try:
                 data = self.sock.recv(64)
@@ -100,6 +110,29 @@ class Worker:
         except NETWORK_ERRORS as exc:
             # the metronome reconnects and pokes again once the server answers
             log.warning("queue %s: server unreachable while draining: %s", self.queue, exc)
+
+    def _serve_pool(self, pool: ConcurrentDrain) -> int:
+        """Concurrent mode: the event loop runs here and watches the pipe."""
+        self.sock.setblocking(False)
+        pool.serve(self.sock.fileno(), self._on_pipe)
+        if self._recycle_due() and not self.stopping:
+            return protocol.EXIT_RECYCLE
+        return protocol.EXIT_OK
+
+    def _on_pipe(self) -> None:
+        assert self.pool is not None
+        try:
+            data = self.sock.recv(64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data or protocol.STOP in data:
+            self.parent_gone = not data
+            self.stopping = True
+            self.pool.stop()
+        elif protocol.POKE in data:
+            self.pool.poke()
 
     def _settle_then_exit(self, parent_gone: bool = False) -> int:
         """Never leave with outcomes unsettled: retry until the server answers. The parent
@@ -132,14 +165,16 @@ class Worker:
         self.claimed_at = time.perf_counter()
         self.holdings.hold((c.id, c.token) for c in batch)
 
-    def on_start(self, claimed: Claimed) -> None:
+    def on_start(self, claimed: Claimed, in_thread: bool = True) -> None:
         self.report_wait_us += int((time.perf_counter() - self.claimed_at) * 1e6)
         self.jobs_run += 1
         self.report_jobs += 1
         timeout = self.runner.timeout_of(claimed)
         # a sync handler cannot be interrupted here: the parent ends this process at the
-        # deadline (an awaitable it returns is bounded by the runner itself)
-        deadline = time.monotonic() + timeout if timeout else 0.0
+        # deadline (an async one is cancelled by the runner; the parent only backs it up)
+        deadline = 0.0
+        if timeout:
+            deadline = time.monotonic() + timeout + (0.0 if in_thread else ASYNC_GRACE_S)
         self.holdings.start(claimed.id, deadline, timeout or 0.0)
 
     def on_finish(self, claimed: Claimed) -> None:
@@ -166,6 +201,10 @@ class Worker:
             log.warning("queue %s: sync write of %d retries failed: %s", self.queue,
                         len(retries), exc)
 
+    def on_dry(self) -> None:
+        self._send(protocol.idle_line(self.report_jobs, self.report_wait_us))
+        self.report_jobs = self.report_wait_us = 0
+
     def batch_size(self) -> int:
         size = self.runner.batch_size()
         if self.max_jobs is not None:
@@ -176,7 +215,10 @@ class Worker:
         return self.max_jobs is not None and self.jobs_run >= self.max_jobs
 
     def _send(self, line: bytes) -> None:
-        self.sock.sendall(line)
+        try:
+            self.sock.sendall(line)
+        except BlockingIOError:
+            log.warning("queue %s: pipe to the supervisor is full; line dropped", self.queue)
 
 
 def run_child(sock: socket.socket, queue: str, redis_url: str, settings: QueueSettings,

@@ -41,3 +41,29 @@ def record(job) -> str:  # type: ignore[no-untyped-def]
         time.sleep(float(p["sleep"]))  # simulated work inside the job
     r.rpush(f"ledger:{job.queue}:done", job.id)
     return "ok"
+
+
+_aclient: object = None
+_apid = 0
+
+
+async def record_async(job) -> str:  # type: ignore[no-untyped-def]
+    """The async twin of :func:`record`: sleep and gate wait without blocking the loop."""
+    import asyncio
+
+    import redis.asyncio
+
+    global _aclient, _apid
+    if _aclient is None or _apid != os.getpid():
+        _aclient = redis.asyncio.Redis.from_url(os.environ["ECHOMQ_TEST_LEDGER_URL"])
+        _apid = os.getpid()
+    r = _aclient
+    p = job.payload if isinstance(job.payload, dict) else {}
+    await r.rpush(f"ledger:{job.queue}:started",  # type: ignore[attr-defined]
+                  f"{job.id}:{os.getpid()}:{job.attempts}")
+    if p.get("gate"):
+        await r.blpop([f"ledger:{job.queue}:gate"], 30)  # type: ignore[attr-defined]
+    if p.get("sleep"):
+        await asyncio.sleep(float(p["sleep"]))
+    await r.rpush(f"ledger:{job.queue}:done", job.id)  # type: ignore[attr-defined]
+    return "ok"

@@ -1,0 +1,208 @@
+"""The concurrent drain: up to N jobs in flight on an event loop owned by the consumer.
+
+Async handlers run as tasks on the loop, sync handlers in a pool of N threads.
+Claims fill the free slots and are fused with settling the outcomes finished
+since the last round trip, so a slot that frees up claims again without
+waiting for the rest. Round trips to Valkey run in one I/O thread, so the loop
+never blocks on the server. When a claim comes back short the drain is dry: it
+settles what finishes but claims again only with a settle, or when poked.
+
+The owner either runs the loop in its own thread (:meth:`serve`, with a file
+descriptor to watch, as a forked consumer does with its pipe) or in a thread
+of the drain's (:meth:`start`, as the standalone consumer does while it parks
+on the doorbell). :meth:`poke` and :meth:`stop` are safe from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from echomq.connection import NETWORK_ERRORS
+from echomq.drain import DrainHooks
+from echomq.job import Claimed
+from echomq.lanes import Lanes, Outcome
+from echomq.runner import Runner, is_async
+from echomq.scripts import Settled
+
+log = logging.getLogger("echomq.drain")
+MAX_CLAIM = 1000  # jobs one claim may lease: bounds one script's run time
+MAX_RETRY_WAIT_S = 2.0
+
+
+class ConcurrentDrain:
+    """One queue's claim → run → settle loop with up to ``concurrency`` jobs in flight."""
+
+    def __init__(self, lanes: Lanes, runner: Runner, hooks: DrainHooks,
+                 concurrency: int) -> None:
+        self.lanes = lanes
+        self.runner = runner
+        self.hooks = hooks
+        self.concurrency = concurrency
+        self.loop = asyncio.new_event_loop()
+        self.threads = ThreadPoolExecutor(concurrency, thread_name_prefix="echomq-job")
+        self.io = ThreadPoolExecutor(1, thread_name_prefix="echomq-io")
+        self.in_flight: dict[str, asyncio.Task[None]] = {}
+        self.done: list[Outcome] = []  # finished, not settled yet
+        self.dry = True  # claim only when poked (or together with a settle)
+        self.blocked = False  # the server failed: wait for a poke (or retry, when stopping)
+        self.stopping = False
+        self.quiet = threading.Event()  # dry, nothing in flight, nothing to settle
+        self._wake: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- control (any thread) --------------------------------------------------------
+
+    def poke(self) -> None:
+        """Work may be waiting: claim into the free slots."""
+        self.quiet.clear()
+        self._call(self._on_poke)
+
+    def stop(self) -> None:
+        """Claim no more; finish and settle the jobs in flight, then :meth:`serve` returns."""
+        self._call(self._on_stop)
+
+    def start(self) -> None:
+        """Run the loop in a thread of its own."""
+        self._thread = threading.Thread(target=self.serve, name="echomq-loop", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def serve(self, fd: int | None = None, on_readable: Callable[[], None] | None = None
+              ) -> None:
+        """Run the loop in this thread until stopped and every job is settled."""
+        asyncio.set_event_loop(self.loop)
+        if fd is not None and on_readable is not None:
+            self.loop.add_reader(fd, on_readable)
+        try:
+            self.loop.run_until_complete(self._main())
+        finally:
+            if fd is not None:
+                self.loop.remove_reader(fd)
+            self.threads.shutdown(wait=False)
+            self.io.shutdown(wait=False)
+            self.loop.close()
+            self.quiet.set()
+
+    def _call(self, fn: Callable[[], None]) -> None:
+        try:
+            self.loop.call_soon_threadsafe(fn)
+        except RuntimeError:
+            pass  # the loop is closed: nothing left to tell
+
+    def _on_poke(self) -> None:
+        self.dry = False
+        self.blocked = False
+        self._set_wake()
+
+    def _on_stop(self) -> None:
+        self.stopping = True
+        self._set_wake()
+
+    def _set_wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # --- the loop ----------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        self._wake = asyncio.Event()
+        failures = 0
+        while True:
+            if self.hooks.stop_requested():
+                self.stopping = True
+            if self.stopping and not self.in_flight and not self.done:
+                return
+            if self.blocked:
+                if not self.stopping:
+                    await self._wait()
+                    continue
+                # no event says the server is back: retry the settle after a pause
+                await asyncio.sleep(min(MAX_RETRY_WAIT_S, 0.05 * 2 ** min(failures, 6)))
+                self.blocked = False
+            free = self.concurrency - len(self.in_flight) - len(self.done)
+            # a settle carries a claim for the free slots even when dry: it costs no round trip
+            claim = free > 0 and not self.stopping and (not self.dry or bool(self.done))
+            if not self.done and not claim:
+                if self.dry and not self.in_flight:
+                    self.quiet.set()
+                await self._wait()
+                continue
+            outcomes, self.done = self.done, []
+            want = min(MAX_CLAIM, self.concurrency - len(self.in_flight)) if claim else 0
+            try:
+                codes, batch = await self.loop.run_in_executor(
+                    self.io, self._round_trip, outcomes, want)
+            except NETWORK_ERRORS as exc:
+                self.done = outcomes + self.done
+                failures += 1
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("queue %s: server unreachable while draining (%d outcome(s) "
+                                "kept): %s", self.lanes.keys.queue, len(self.done), exc)
+                self.blocked = True
+                if not self.dry:
+                    self.dry = True
+                    self.hooks.on_dry()
+                continue
+            failures = 0
+            if outcomes:
+                self._settled(outcomes, codes)
+            self._start(batch)
+            if want and len(batch) == want:
+                self.dry = False  # more may be waiting
+            elif want and not self.dry:
+                self.dry = True
+                self.hooks.on_dry()
+
+    async def _wait(self) -> None:
+        assert self._wake is not None
+        await self._wake.wait()
+        self._wake.clear()
+
+    def _round_trip(self, outcomes: Sequence[Outcome], want: int
+                    ) -> tuple[list[Settled], list[Any]]:
+        if not want:
+            return self.lanes.settle(outcomes), []
+        return self.lanes.settle_and_claim(outcomes, want)
+
+    def _settled(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
+        for o, code in zip(outcomes, codes, strict=True):
+            if code is Settled.STALE:
+                log.warning("queue %s: job %s settled with a stale lease token (its lease "
+                            "expired and it was handed out again); result not recorded",
+                            self.lanes.keys.queue, o.job_id)
+        self.hooks.after_settle(outcomes, codes)
+
+    def _start(self, batch: Sequence[Claimed]) -> None:
+        if not batch:
+            return
+        self.hooks.on_batch(batch)
+        for claimed in batch:
+            prepared = self.runner.prepare(claimed)
+            if isinstance(prepared, Outcome):
+                self.hooks.on_start(claimed)
+                self.hooks.on_finish(claimed)
+                self.done.append(prepared)
+                continue
+            job, fn = prepared
+            self.hooks.on_start(claimed, in_thread=not is_async(fn))
+            task = self.loop.create_task(self._run_one(claimed, job, fn))
+            self.in_flight[claimed.id] = task
+
+    async def _run_one(self, claimed: Claimed, job: Any, fn: Callable[..., Any]) -> None:
+        try:
+            outcome = await self.runner.run_async(claimed, job, fn, self.threads)
+        finally:
+            self.in_flight.pop(claimed.id, None)
+        self.hooks.on_finish(claimed)
+        self.done.append(outcome)
+        self._set_wake()
