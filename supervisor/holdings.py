@@ -25,13 +25,13 @@ FREE, HELD, RUNNING, FINISHED = 0, 1, 2, 3
 STATE_NAMES = {HELD: "held", RUNNING: "running", FINISHED: "finished"}
 
 _HEADER = struct.Struct("<Id")  # capacity, earliest enforced deadline (monotonic s, 0 none)
-_ENTRY = struct.Struct("<BBBQdd")  # state, id length, token length, seq, deadline, timeout
 ID_MAX = 255
 TOKEN_MAX = 32
+# state, id length, token length, seq, deadline, timeout, id, token
+_ENTRY = struct.Struct(f"<BBBQdd{ID_MAX}s{TOKEN_MAX}s")
 HEADER_SIZE = 16
 ENTRY_SIZE = 320
-_STATE_OFFSET = 0
-assert _ENTRY.size + ID_MAX + TOKEN_MAX <= ENTRY_SIZE and _HEADER.size <= HEADER_SIZE
+assert _ENTRY.size <= ENTRY_SIZE and _HEADER.size <= HEADER_SIZE
 
 
 @dataclass(frozen=True)
@@ -77,11 +77,8 @@ class Holdings:
             self._seq += 1
             raw_id, raw_token = job_id.encode()[:ID_MAX], token.encode()[:TOKEN_MAX]
             base = HEADER_SIZE + slot * ENTRY_SIZE
-            self.mem[base + _ENTRY.size:base + _ENTRY.size + len(raw_id)] = raw_id
-            start = base + _ENTRY.size + ID_MAX
-            self.mem[start:start + len(raw_token)] = raw_token
             _ENTRY.pack_into(self.mem, base, FREE, len(raw_id), len(raw_token), self._seq,
-                             0.0, 0.0)
+                             0.0, 0.0, raw_id, raw_token)
             self.mem[base] = HELD  # last: the entry is complete before it counts
 
     def start(self, job_id: str, deadline: float = 0.0, timeout: float = 0.0) -> None:
@@ -90,11 +87,13 @@ class Holdings:
         if slot is None:
             return
         base = HEADER_SIZE + slot * ENTRY_SIZE
+        if not deadline:
+            self.mem[base] = RUNNING
+            return
         struct.pack_into("<dd", self.mem, base + 11, deadline, timeout)
         self.mem[base] = RUNNING
-        if deadline:
-            self._deadlines[slot] = deadline
-            self._write_deadline()
+        self._deadlines[slot] = deadline
+        self._write_deadline()
 
     def finish(self, job_id: str) -> None:
         """A job's handler returned; its outcome is not settled yet."""
@@ -136,12 +135,11 @@ class Holdings:
             base = HEADER_SIZE + slot * ENTRY_SIZE
             if mem[base] == FREE:
                 continue
-            state, id_len, tok_len, seq, deadline, timeout = _ENTRY.unpack_from(mem, base)
-            start = base + _ENTRY.size
-            job_id = mem[start:start + id_len].decode("ascii", "replace")
-            start += ID_MAX
-            token = mem[start:start + tok_len].decode("ascii", "replace")
-            out.append(Held(job_id, token, state, seq, deadline, timeout))
+            state, id_len, tok_len, seq, deadline, timeout, raw_id, raw_token = (
+                _ENTRY.unpack_from(mem, base))
+            out.append(Held(raw_id[:id_len].decode("ascii", "replace"),
+                            raw_token[:tok_len].decode("ascii", "replace"),
+                            state, seq, deadline, timeout))
         out.sort(key=lambda h: h.seq)
         return out
 
