@@ -134,9 +134,10 @@ class Consumer:
                         next_promote, promoted = self._promote(beat_s)
                         work |= promoted
                     if (work or burst) and self._pool is not None:
-                        self._pool.poke()
                         if burst:
-                            self._pool.quiet.wait()
+                            self._pool.poke_and_wait()
+                        else:
+                            self._pool.poke()
                         work = False
                     elif work or burst:
                         self._drainer.run()

@@ -58,6 +58,16 @@ class Lanes:
         codes = scripts.SETTLE(self.client, self._settle_keys, self._settle_args(outcomes))
         return [Settled(int(c)) for c in codes]
 
+    def settle_call(self, outcomes: Sequence[Outcome]
+                    ) -> tuple[scripts.LuaScript, list[str], list[Any]]:
+        """The settle script call for these outcomes (for a caller that does its own I/O)."""
+        return scripts.SETTLE, self._settle_keys, self._settle_args(outcomes)
+
+    def claim_call(self, count: int, chain: bool = False
+                   ) -> tuple[scripts.LuaScript, list[str], list[Any]]:
+        """The claim script call for up to ``count`` jobs (for a caller doing its own I/O)."""
+        return scripts.CLAIM, self._claim_keys, self._claim_args(count, chain)
+
     def settle_and_claim(self, outcomes: Sequence[Outcome], count: int
                          ) -> tuple[list[Settled], list[Claimed]]:
         """Settle and claim the next batch in one round trip (a pipeline of two scripts)."""
