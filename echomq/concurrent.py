@@ -64,6 +64,7 @@ class ConcurrentDrain:
         self.dry = True  # claim only when poked (or together with a settle)
         self.blocked = False  # the server failed: wait for a poke (or retry, when stopping)
         self.stopping = False
+        self.abandon = False  # when stopping: give up on outcomes the server cannot take
         self._quiet_waiters: list[threading.Event] = []
         self._wake: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -85,9 +86,15 @@ class ConcurrentDrain:
         self._call(poke)
         quiet.wait()
 
-    def stop(self) -> None:
-        """Claim no more; finish and settle the jobs in flight, then :meth:`serve` returns."""
-        self._call(self._on_stop)
+    def stop(self, *, abandon: bool = False) -> None:
+        """Claim no more; finish and settle the jobs in flight, then :meth:`serve` returns.
+        Outcomes the server cannot take are retried until it answers, or, with ``abandon``,
+        given up (their leases expire and the jobs run again)."""
+        def on_stop() -> None:
+            self.abandon |= abandon
+            self._on_stop()
+
+        self._call(on_stop)
 
     def start(self) -> None:
         """Run the loop in a thread of its own."""
@@ -160,6 +167,13 @@ class ConcurrentDrain:
                     await self._wait()
                     continue
                 if not self.stopping:
+                    await self._wait()
+                    continue
+                if self.abandon and not self.in_flight:
+                    log.warning("queue %s: leaving %d unsettled outcome(s); their leases will "
+                                "expire", self.lanes.keys.queue, len(self.done))
+                    return
+                if self.abandon:
                     await self._wait()
                     continue
                 # no event says the server is back: retry the settle after a pause

@@ -93,7 +93,7 @@ class Consumer:
         """End the loop after the job in hand; safe from a signal handler or another thread."""
         self._stopping = True
         if self._pool is not None:
-            self._pool.stop()
+            self._pool.stop(abandon=True)
         try:
             os.write(self._stop_w, b"x")
         except (BlockingIOError, OSError):
@@ -169,7 +169,7 @@ class Consumer:
             raise
         finally:
             if self._pool is not None:
-                self._pool.stop()
+                self._pool.stop(abandon=True)
                 self._pool.join()
             heartbeat_stop.set()
             doorbell.close()

@@ -130,7 +130,8 @@ class Worker:
         if not data or protocol.STOP in data:
             self.parent_gone = not data
             self.stopping = True
-            self.pool.stop()
+            # with the parent gone nobody extends leases: unsettled outcomes are given up
+            self.pool.stop(abandon=self.parent_gone)
         elif protocol.POKE in data:
             self.pool.poke()
 

@@ -48,7 +48,8 @@ _apid = 0
 
 
 async def record_async(job) -> str:  # type: ignore[no-untyped-def]
-    """The async twin of :func:`record`: sleep and gate wait without blocking the loop."""
+    """The async twin of :func:`record`: sleep and gate wait without blocking the loop;
+    ``block`` (s) blocks the loop with ``time.sleep``, as a faulty handler would."""
     import asyncio
 
     import redis.asyncio
@@ -65,5 +66,7 @@ async def record_async(job) -> str:  # type: ignore[no-untyped-def]
         await r.blpop([f"ledger:{job.queue}:gate"], 30)  # type: ignore[attr-defined]
     if p.get("sleep"):
         await asyncio.sleep(float(p["sleep"]))
+    if p.get("block"):
+        time.sleep(float(p["block"]))  # a handler that wrongly blocks its event loop
     await r.rpush(f"ledger:{job.queue}:done", job.id)  # type: ignore[attr-defined]
     return "ok"

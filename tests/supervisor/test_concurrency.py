@@ -122,3 +122,17 @@ def test_a_sync_job_past_its_limit_ends_its_process_and_fails_timed_out(
         other = q.get(job_id)
         assert other is not None and other.stalls == 0 and other.attempts == 1, other
     assert "respawn in" not in sup.log  # not a crash: no backoff
+
+
+def test_an_async_job_that_blocks_its_loop_past_its_limit_ends_its_process(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    sup = supervisor(redis_url, queue_name, "--processes", "1", "--concurrency", "2",
+                     "--handler", "sup_jobs:record_async").started(1)
+    job_id = q.add("x", {"block": 60}, timeout=0.5, max_attempts=1)
+    # the loop cannot cancel it; the supervisor ends the process a grace period later
+    sup.wait_for_log(rf"ran job {job_id} past its limit of 0.5s", timeout=20)
+    wait_until(lambda: q.get(job_id).state == "dead", 10, "the job to fail")  # type: ignore[union-attr]
+    assert "timed out after 0.5 s" in (q.get(job_id).error or "")  # type: ignore[union-attr]
+    ok = q.add("x", {})
+    wait_until(lambda: q.get(ok).state == "completed", 10, "the next job")  # type: ignore[union-attr]
