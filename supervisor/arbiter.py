@@ -260,12 +260,16 @@ class Arbiter:
               queue=rt.spec.name, pid=child.pid)
 
     def _sibling_forgetter(self) -> Callable[[], None]:
-        """Drop the pipe ends of every child alive now (so a dead child's EOF arrives)."""
+        """Drop the pipe ends of every child alive now (so a dead child's EOF arrives), and
+        the view of their shared tables."""
         socks = [c.sock for c in self.pids.values()]
+        tables = [c.holdings for c in self.pids.values()]
 
         def forget() -> None:
             for sock in socks:
                 sever(sock)
+            for table in tables:
+                table.close()
 
         return forget
 

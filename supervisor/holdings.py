@@ -125,12 +125,16 @@ class Holdings:
 
     def deadline(self) -> float:
         """The earliest enforced deadline of a running job (monotonic s), 0.0 when none."""
+        if self.mem.closed:
+            return 0.0
         return float(struct.unpack_from("<d", self.mem, 4)[0])
 
     def entries(self) -> list[Held]:
         """Every job held now, in claim order."""
-        out = []
+        out: list[Held] = []
         mem = self.mem
+        if mem.closed:
+            return out
         for slot in range(self.capacity):
             base = HEADER_SIZE + slot * ENTRY_SIZE
             if mem[base] == FREE:
@@ -144,7 +148,9 @@ class Holdings:
         return out
 
     def close(self) -> None:
-        self.mem.close()
+        """Unmap the table (idempotent; in a forked sibling, only its own view goes)."""
+        if not self.mem.closed:
+            self.mem.close()
 
 
 def runs_by_mode(held: Sequence[Held], mode_of: dict[int, str]) -> list[tuple[str, list[Held]]]:
