@@ -62,6 +62,7 @@ class ConcurrentDrain:
         self.claiming = 0  # slots their claims may fill
         self.failures = 0
         self.dry = True  # claim only when poked (or together with a settle)
+        self.chain = False  # the first claim after a poke rings on if work remains
         self.blocked = False  # the server failed: wait for a poke (or retry, when stopping)
         self.stopping = False
         self.abandon = False  # when stopping: give up on outcomes the server cannot take
@@ -135,6 +136,7 @@ class ConcurrentDrain:
 
     def _on_poke(self) -> None:
         self.dry = False
+        self.chain = True
         self.blocked = False
         self._set_wake()
 
@@ -192,7 +194,8 @@ class ConcurrentDrain:
             want = min(MAX_CLAIM, free + len(outcomes)) if claim else 0
             self.settling += len(outcomes)
             self.claiming += want
-            trip = self.loop.create_task(self._round_trip(outcomes, want))
+            chain, self.chain = self.chain and bool(want), self.chain and not want
+            trip = self.loop.create_task(self._round_trip(outcomes, want, chain))
             self.trips.add(trip)
 
     async def _wait(self) -> None:
@@ -200,13 +203,14 @@ class ConcurrentDrain:
         await self._wake.wait()
         self._wake.clear()
 
-    async def _round_trip(self, outcomes: list[Outcome], want: int) -> None:
-        """Settle finished jobs and claim ``want`` more, in one pipeline."""
+    async def _round_trip(self, outcomes: list[Outcome], want: int, chain: bool) -> None:
+        """Settle finished jobs and claim ``want`` more, in one pipeline (with ``chain``,
+        the claim rings the doorbell when work remains, so parked consumers join in)."""
         calls = []
         if outcomes:
             calls.append(self.lanes.settle_call(outcomes))
         if want:
-            calls.append(self.lanes.claim_call(want))
+            calls.append(self.lanes.claim_call(want, chain))
         try:
             replies = await self._execute(calls)
         except NETWORK_ERRORS as exc:

@@ -136,3 +136,35 @@ def test_an_async_job_that_blocks_its_loop_past_its_limit_ends_its_process(
     assert "timed out after 0.5 s" in (q.get(job_id).error or "")  # type: ignore[union-attr]
     ok = q.add("x", {})
     wait_until(lambda: q.get(ok).state == "completed", 10, "the next job")  # type: ignore[union-attr]
+
+
+def test_idle_concurrent_consumers_cost_one_blocking_call_per_beat(
+        supervisor: Start, queue_name: str) -> None:
+    import threading
+
+    from echomq.supervisor.localredis import LocalRedis
+
+    server = LocalRedis().start()
+    try:
+        r = redis.Redis.from_url(server.url)
+        q = echomq.Queue(queue_name, redis=r)
+        supervisor(server.url, queue_name, "--processes", "4", "--concurrency", "50",
+                   "--handler", "sup_jobs:record_async",
+                   env={"ECHOMQ_TEST_LEDGER_URL": server.url}).started(4)
+        # each consumer has run a job (so its loop and clients exist), then went idle
+        q.add_many([("x", {}) for _ in range(40)])
+        wait_until(lambda: q.counts()["completed"] == 40, 15, "the warm-up jobs")
+        wait_until(lambda: int(r.info("clients")["blocked_clients"]) == 1, 10, "the metronome")
+        threading.Event().wait(0.5)  # let the last claims and rings settle before counting
+        r.config_resetstat()
+        t0 = time.monotonic()
+        threading.Event().wait(4.0)  # idle time passing is the measurement
+        elapsed = time.monotonic() - t0
+        calls = {k: v["calls"] for k, v in r.info("commandstats").items()}
+        calls.pop("cmdstat_config", None)
+        calls.pop("cmdstat_info", None)
+        assert calls.get("cmdstat_blpop", 0) <= elapsed + 1, calls
+        assert sum(calls.values()) <= elapsed + 1 + 8, calls
+        r.close()
+    finally:
+        server.stop()
