@@ -104,6 +104,10 @@ def _number(name: str, value: Any, kind: type) -> Any:
         raise ConfigError(f"{name} ({ENV_VARS[name]}) must be a number, got {value!r}") from None
 
 
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 def _config_file(path: str) -> dict[str, Any]:
     text = Path(path).read_text()
     data: dict[str, Any] = tomllib.loads(text) if path.endswith(".toml") else json.loads(text)
@@ -152,7 +156,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         health_host=_pick(args, "health_host") or "0.0.0.0",
         max_memory_mb=_number("max_memory_mb", _pick(args, "max_memory_mb"), int),
         max_jobs=_number("max_jobs", _pick(args, "max_jobs"), int),
-        concurrency=_number("concurrency", _pick(args, "concurrency"), int) or 1,
+        concurrency=_or(_number("concurrency", _pick(args, "concurrency"), int), 1),
         job_timeout=_number("job_timeout", _pick(args, "job_timeout"), float),
         spill_horizon=_number("spill_horizon", _pick(args, "spill_horizon"), float)
         or DEFAULT_SPILL_HORIZON_S,

@@ -50,3 +50,4 @@ def test_release_runs_put_jobs_back_in_claim_order() -> None:
     assert runs == [("unstarted", ["j3", "j4", "j5"]), ("stall", ["j2"]),
                     ("unstarted", ["j0", "j1"])]
     table.close()
+
