@@ -66,6 +66,7 @@ class ConcurrentDrain:
         self.blocked = False  # the server failed: wait for a poke (or retry, when stopping)
         self.stopping = False
         self.abandon = False  # when stopping: give up on outcomes the server cannot take
+        self.told_kept = False
         self._quiet_waiters: list[threading.Event] = []
         self._wake: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -178,6 +179,10 @@ class ConcurrentDrain:
                 if self.abandon:
                     await self._wait()
                     continue
+                if not self.told_kept:
+                    self.told_kept = True
+                    log.warning("queue %s: stopping with %d unsettled outcome(s), kept until "
+                                "the server answers", self.lanes.keys.queue, len(self.done))
                 # no event says the server is back: retry the settle after a pause
                 await asyncio.sleep(min(MAX_RETRY_WAIT_S, 0.05 * 2 ** min(self.failures, 6)))
                 self.blocked = False

@@ -391,7 +391,7 @@ class Arbiter:
                 attempts, backoff = self.client.hmget(rt.metronome.keys.job(h.job_id),
                                                       "attempts", "backoff")
                 retry_ms = retry_ms_of(rt.settings, int(attempts or 1),
-                                              (backoff or b"").decode())
+                                       (backoff or b"").decode())
                 text = (f"{timed_out_text(child.timed_out[h.job_id])}: the supervisor ended "
                         f"process {child.pid}")
                 outcomes.append(Outcome(h.job_id, h.token, "f", text, retry_ms))

@@ -61,11 +61,18 @@ def _settle_failed(server: LocalRedis, sup: Supervisor, r: redis.Redis, queue: s
     return pid
 
 
+# one job at a time (the sequential drain), or concurrent with an async handler
+MODES = {"sequential": (), "concurrent": ("--concurrency", "4",
+                                          "--handler", "sup_jobs:record_async")}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
 def test_a_failed_settle_keeps_the_job_held_by_the_parent(
         supervisor: Start, aof_server: LocalRedis, queue_name: str, r: redis.Redis,
-        redis_url: str) -> None:
+        redis_url: str, mode: str) -> None:
     sup = supervisor(aof_server.url, queue_name, "--processes", "1", "--lease-ms", "1500",
-                     "--beat-ms", "100", env={"ECHOMQ_TEST_LEDGER_URL": redis_url}).started(1)
+                     "--beat-ms", "100", *MODES[mode],
+                     env={"ECHOMQ_TEST_LEDGER_URL": redis_url}).started(1)
     pid = _settle_failed(aof_server, sup, r, queue_name)
     os.kill(pid, signal.SIGSTOP)  # the consumer cannot settle now: only the parent can act
     aof_server.start()
@@ -85,11 +92,12 @@ def test_a_failed_settle_keeps_the_job_held_by_the_parent(
     client.close()
 
 
+@pytest.mark.parametrize("mode", sorted(MODES))
 def test_sigterm_does_not_exit_with_unsettled_outcomes(
         supervisor: Start, aof_server: LocalRedis, queue_name: str, r: redis.Redis,
-        redis_url: str) -> None:
+        redis_url: str, mode: str) -> None:
     sup = supervisor(aof_server.url, queue_name, "--processes", "1", "--beat-ms", "100",
-                     "--drain-timeout", "20",
+                     "--drain-timeout", "20", *MODES[mode],
                      env={"ECHOMQ_TEST_LEDGER_URL": redis_url}).started(1)
     pid = _settle_failed(aof_server, sup, r, queue_name)
     sup.signal(signal.SIGTERM)
