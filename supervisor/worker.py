@@ -114,6 +114,12 @@ class Worker:
     def _serve_pool(self, pool: ConcurrentDrain) -> int:
         """Concurrent mode: the event loop runs here and watches the pipe."""
         self.sock.setblocking(False)
+
+        def on_term() -> None:  # recorded and acted on in the loop, like a STOP line
+            self.stopping = True
+            pool.stop()
+
+        pool.loop.add_signal_handler(signal.SIGTERM, on_term)
         pool.serve(self.sock.fileno(), self._on_pipe)
         if self._recycle_due() and not self.stopping:
             return protocol.EXIT_RECYCLE
