@@ -168,3 +168,17 @@ def test_idle_concurrent_consumers_cost_one_blocking_call_per_beat(
         r.close()
     finally:
         server.stop()
+
+
+def test_a_sync_job_past_the_default_limit_ends_its_one_job_process(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    sup = supervisor(redis_url, queue_name, "--processes", "1",
+                     "--job-timeout", "0.5").started(1)
+    hung = q.add("x", {"sleep": 60}, max_attempts=1)
+    sup.wait_for_log(rf"ran job {hung} past its limit of 0.5s")
+    wait_until(lambda: q.get(hung).state == "dead", 10, "the hung job to fail")  # type: ignore[union-attr]
+    assert "timed out after 0.5 s" in (q.get(hung).error or "")  # type: ignore[union-attr]
+    ok = q.add("x", {})
+    wait_until(lambda: q.get(ok).state == "completed", 10, "the next job")  # type: ignore[union-attr]
+    assert "respawn in" not in sup.log
