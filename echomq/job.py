@@ -139,15 +139,23 @@ class Claimed:
 def parse_claimed(flat: list[Any]) -> list[Claimed]:
     """Split claim.lua's flat reply into Claimed records."""
     out = []
+    text = _text_or_int
     for i in range(0, len(flat), CLAIM_FIELDS):
-        f = [_text(x) if not isinstance(x, int) else x for x in flat[i:i + CLAIM_FIELDS]]
+        (job_id, token, name, payload, lane, attempts, max_attempts, backoff, created,
+         timeout_ms) = flat[i:i + CLAIM_FIELDS]
         out.append(Claimed(
-            id=str(f[0]), token=str(f[1]), name=str(f[2]), payload_text=str(f[3]),
-            lane=str(f[4]), attempts=int(f[5] or 0), max_attempts=_int(str(f[6]), 1),
-            backoff=str(f[7] or ""), created_ms=_int(str(f[8])),
-            timeout=timeout_seconds(str(f[9] or "")),
+            text(job_id), text(token), text(name), text(payload), text(lane),
+            int(attempts or 0), _int(text(max_attempts), 1), text(backoff or b""),
+            _int(text(created)), timeout_seconds(text(timeout_ms or b"")),
         ))
     return out
+
+
+def _text_or_int(value: bytes | str | int) -> str:
+    """A reply value as text (the hot path of parse_claimed: no Optional handling)."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
 
 
 def timeout_seconds(value: str | None) -> float | None:
