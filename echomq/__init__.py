@@ -11,6 +11,7 @@ from echomq import aio
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.consumer import Consumer
+from echomq.control import Fail, Retry
 from echomq.errors import (
     ConfigError,
     ConnectionFailed,
@@ -43,6 +44,7 @@ __all__ = [
     "Consumer",
     "CorruptJob",
     "EchoMQError",
+    "Fail",
     "FloorError",
     "FloorSchemaError",
     "HandlerNotFound",
@@ -57,6 +59,7 @@ __all__ = [
     "PayloadError",
     "Queue",
     "QueueSettings",
+    "Retry",
     "StaleLease",
     "Task",
     "aio",

@@ -23,7 +23,9 @@ class QueueSettings:
     (trimmed by the supervisor's metronome). ``claim_batch`` is how many jobs one
     claim may lease. ``admit_call_bytes`` bounds the payload bytes ``add_many`` sends
     in one script call. ``doorbell`` is what consumers park on (``list`` or
-    ``marker``, see echomq.wake).
+    ``marker``, see echomq.wake). ``concurrency`` is how many jobs a consumer runs at
+    once (coroutines for async handlers, threads for sync ones); ``job_timeout`` the
+    default per-job limit in seconds (a job's own ``timeout`` overrides it).
     """
 
     max_payload_bytes: int = 512 * 1024
@@ -41,6 +43,8 @@ class QueueSettings:
     keep_dead_s: float | None = 30 * 24 * 3600.0
     admit_call_bytes: int = 8 * 1024 * 1024
     doorbell: str = "list"
+    concurrency: int = 1
+    job_timeout: float | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -59,6 +63,10 @@ class QueueSettings:
             (self.keep_dead_s is None or self.keep_dead_s >= 0,
              "keep_dead_s must be >= 0 or None"),
             (self.admit_call_bytes >= 1, "admit_call_bytes must be >= 1"),
+            (isinstance(self.concurrency, int) and 1 <= self.concurrency <= 10_000,
+             "concurrency must be an integer from 1 to 10000"),
+            (self.job_timeout is None or 0 < self.job_timeout < float("inf"),
+             "job_timeout must be a number of seconds > 0 or None"),
             (self.durability is None or self.durability in DURABILITIES,
              f"durability must be one of {', '.join(DURABILITIES)}"),
             (self.doorbell in DOORBELLS, f"doorbell must be one of {', '.join(DOORBELLS)}"),

@@ -6,6 +6,11 @@ emq:{q}:marker <beat>`` with the marker doorbell) on a dedicated connection
 head's due time, because the server's timeout only fires on its ``hz`` tick.
 Leases of the jobs in hand are extended by a heartbeat thread, so long jobs
 are not reaped while the consumer lives.
+
+With ``concurrency`` > 1 or an ``async def`` handler, jobs run on an event loop
+of the consumer's own (:mod:`echomq.concurrent`) while this loop parks. A job's
+time limit cancels an async handler; a sync handler cannot be interrupted in
+its thread, so only the supervisor (which ends the process) enforces it there.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import redis
 import redis.exceptions
 
 from echomq import scripts
+from echomq.concurrent import ConcurrentDrain
 from echomq.config import QueueSettings
 from echomq.connection import NETWORK_ERRORS
 from echomq.drain import Drain
@@ -48,9 +54,15 @@ class Consumer:
         redis: redis.Redis | None = None,
         beat_ms: int | None = None,
         lease_ms: int | None = None,
+        concurrency: int | None = None,
+        job_timeout: float | None = None,
         settings: QueueSettings | None = None,
         **overrides: Any,
     ) -> None:
+        if concurrency is not None:
+            overrides["concurrency"] = concurrency
+        if job_timeout is not None:
+            overrides["job_timeout"] = job_timeout
         if beat_ms is not None:
             overrides["beat_ms"] = beat_ms
         if lease_ms is not None:
@@ -63,7 +75,8 @@ class Consumer:
             self.queue = Queue(queue, redis_url, redis=redis, settings=settings, **overrides)
         self.settings = self.queue.settings
         self.lanes = Lanes(self.queue.redis, self.queue.keys, self.settings)
-        self.runner = Runner(self.queue.name, handler, self.settings)
+        self.runner = Runner(self.queue.name, handler, self.settings,
+                             progress=self.lanes.progress)
         self.processed = 0
         self._stopping = False
         self._stop_r, self._stop_w = os.pipe()
@@ -72,12 +85,16 @@ class Consumer:
         self._held: dict[str, str] = {}
         self._held_lock = threading.Lock()
         self._drainer = Drain(self.lanes, self.runner, self)
+        self._concurrent = self.settings.concurrency > 1 or self.runner.has_async()
+        self._pool: ConcurrentDrain | None = None  # a fresh one per run() when concurrent
 
     # --- control ---------------------------------------------------------------
 
     def stop(self) -> None:
         """End the loop after the job in hand; safe from a signal handler or another thread."""
         self._stopping = True
+        if self._pool is not None:
+            self._pool.stop(abandon=True)
         try:
             os.write(self._stop_w, b"x")
         except (BlockingIOError, OSError):
@@ -103,6 +120,9 @@ class Consumer:
         heartbeat_stop = threading.Event()
         self._heartbeat_stop = heartbeat_stop
         heartbeat.start()
+        if self._concurrent:
+            self._pool = ConcurrentDrain(self.lanes, self.runner, self, self.settings.concurrency)
+            self._pool.start()
         next_promote = next_reap = 0.0  # monotonic deadlines; 0 = now
         failures = 0
         work = True  # drain on the first pass, then only when a ring or the pump found work
@@ -122,7 +142,13 @@ class Consumer:
                         next_promote, promoted = self._promote(beat_s)
                         doorbell.next_due_ms = self._schedule_head_ms  # put back on close
                         work |= promoted
-                    if work or burst:
+                    if (work or burst) and self._pool is not None:
+                        if burst:
+                            self._pool.poke_and_wait()
+                        else:
+                            self._pool.poke()
+                        work = False
+                    elif work or burst:
                         self._drainer.run()
                         work = False
                     if burst or self._stopping:
@@ -156,6 +182,9 @@ class Consumer:
             self._release_held("requeue")
             raise
         finally:
+            if self._pool is not None:
+                self._pool.stop(abandon=True)
+                self._pool.join()
             heartbeat_stop.set()
             doorbell.close()
             heartbeat.join(timeout=5)
@@ -203,14 +232,20 @@ class Consumer:
     def on_batch(self, batch: Sequence[Claimed]) -> None:
         self._hold(batch)
 
-    def on_start(self, claimed: Claimed) -> None:
+    def on_start(self, claimed: Claimed, in_thread: bool = True) -> None:
         self.processed += 1
+
+    def on_finish(self, claimed: Claimed) -> None:
+        """Nothing to do: the job stays held (and extended) until its outcome is settled."""
 
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
         self._unhold(pairs)
 
     def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
         self._unhold([(o.job_id, o.token) for o in outcomes])
+
+    def on_dry(self) -> None:
+        """Nothing to do: this loop's doorbell pokes the drain when work arrives."""
 
     # --- leases in hand ------------------------------------------------------------
 

@@ -32,14 +32,20 @@ class DrainHooks(Protocol):
     def on_batch(self, batch: Sequence[Claimed]) -> None:
         """A batch was leased (say so to whoever extends or releases leases)."""
 
-    def on_start(self, claimed: Claimed) -> None:
-        """A job is about to run."""
+    def on_start(self, claimed: Claimed, in_thread: bool = True) -> None:
+        """A job is about to run (``in_thread``: a sync handler, which cannot be cancelled)."""
+
+    def on_finish(self, claimed: Claimed) -> None:
+        """A job's handler returned; its outcome is not settled yet."""
 
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Jobs of the batch were handed back without running."""
 
     def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
         """Outcomes were settled (stale tokens are already logged)."""
+
+    def on_dry(self) -> None:
+        """A claim came back short (concurrent drain): poke again when work arrives."""
 
 
 class Drain:
@@ -68,6 +74,7 @@ class Drain:
                     break
                 self.hooks.on_start(claimed)
                 outcomes.append(self.runner.run(claimed))
+                self.hooks.on_finish(claimed)
             if self.hooks.stop_requested():
                 self.settle(outcomes)
                 return

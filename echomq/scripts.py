@@ -78,6 +78,7 @@ RESTORE = LuaScript("restore", 3)
 BURY = LuaScript("bury", 4)
 TRIM_DEAD = LuaScript("trim_dead", 2)
 AWAIT = LuaScript("await", 2)
+PROGRESS = LuaScript("progress", 1)
 PAUSE = LuaScript("pause", 1)
 RESUME = LuaScript("resume", 3)
 CANCEL = LuaScript("cancel", 6)
@@ -85,7 +86,7 @@ JOBS = LuaScript("jobs", 2)
 PURGE = LuaScript("purge", 1)
 SURVEY = LuaScript("survey", 1)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE, BURY, TRIM_DEAD, AWAIT, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY)
+       RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY)
 
 
 def load_all(client: redis.Redis) -> None:
@@ -174,6 +175,12 @@ def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str
     for job_id, token in held:
         args += [job_id, token]
     return [bool(x) for x in EXTEND(client, [k.leases], args)]
+
+
+def progress(client: redis.Redis, k: Keys, lease_ms: int, job_id: str, token: str,
+             value: str) -> bool:
+    """Record a running job's progress (JSON text) and extend its lease; False if stale."""
+    return bool(PROGRESS(client, [k.leases], [k.prefix, lease_ms, job_id, token, value]))
 
 
 def trim_dead(client: redis.Redis, k: Keys, keep_count: int, keep_age_ms: int,

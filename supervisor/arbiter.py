@@ -20,6 +20,7 @@ from typing import Any
 from echomq.supervisor import protocol
 from echomq.supervisor.children import Child, fork_child, sever_client
 from echomq.supervisor.handlers import load_handler
+from echomq.supervisor.holdings import FINISHED, HELD, RUNNING, Held, runs_by_mode
 from echomq.supervisor.logs import event
 from echomq.supervisor.metronome import Metronome
 from echomq.supervisor.observations import Tally
@@ -31,6 +32,8 @@ from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import NETWORK_ERRORS, client_from_url, redact_url
 from echomq.keys import REGISTRY, Keys
+from echomq.lanes import Lanes, Outcome
+from echomq.runner import retry_ms_of, timed_out_text
 from echomq.wake import DoorbellMismatch, claim_doorbell
 
 log = logging.getLogger("echomq.supervisor")
@@ -38,6 +41,10 @@ CRASH_BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 30.0  # a child that lived this long was not crash-looping
 RECYCLE_CHECK_S = 5.0
 EXIT_DOORBELL = 2  # the queue's doorbell was switched to the other kind (as cli's EXIT_USAGE)
+# what a dead child's jobs cost them: only the one that was running is charged a stall;
+# one that finished (outcome not settled) or never started runs again without a charge
+RELEASE_MODES = {RUNNING: "stall", FINISHED: "unstarted", HELD: "unstarted"}
+UNCHARGED = {RUNNING: "unstarted", FINISHED: "unstarted", HELD: "unstarted"}
 
 
 class BootFailed(Exception):
@@ -93,7 +100,8 @@ class Arbiter:
             qs = QueueSettings(beat_ms=settings.beat_ms, lease_ms=settings.lease_ms,
                                durability=settings.durability_of(spec),
                                keep_dead=settings.keep_dead, keep_dead_s=settings.keep_dead_s,
-                               doorbell=settings.doorbell)
+                               doorbell=settings.doorbell, concurrency=settings.concurrency,
+                               job_timeout=settings.job_timeout)
             self.queues[spec.name] = QueueRuntime(
                 spec=spec, settings=qs, handler=load_handler(spec),
                 metronome=Metronome(spec.name, self.client, qs),
@@ -137,7 +145,7 @@ class Arbiter:
                     break
         except BootFailed as exc:
             log.error("%s", exc)
-            self._kill_all("requeue")
+            self._kill_all()
             self.exit_code = protocol.EXIT_BOOT_FAILED
         finally:
             for rt in self.queues.values():
@@ -194,6 +202,8 @@ class Arbiter:
                           if rt.scheduler is not None]
         if any(rt.children for rt in self.queues.values()):
             deadlines.append(self.next_extend)
+        deadlines += [d for rt in self.queues.values() for c in rt.children
+                      if not c.timed_out and (d := c.holdings.deadline())]
         if self.settings.max_memory_mb:
             deadlines.append(self.next_recycle)
         if self.drain_deadline is not None:
@@ -210,7 +220,7 @@ class Arbiter:
             if self.stopping and signum == signal.SIGINT:
                 event(log, "drain-abort", "second SIGINT: stopping now, requeueing jobs",
                       signal=name)
-                self._kill_all("requeue")
+                self._kill_all()
             elif not self.stopping:
                 event(log, "drain", "%s: draining (up to %.1fs)", name,
                       self.settings.drain_timeout, signal=name)
@@ -266,12 +276,16 @@ class Arbiter:
               queue=rt.spec.name, pid=child.pid)
 
     def _sibling_forgetter(self) -> Callable[[], None]:
-        """Drop the pipe ends of every child alive now (so a dead child's EOF arrives)."""
+        """Drop the pipe ends of every child alive now (so a dead child's EOF arrives), and
+        the view of their shared tables."""
         socks = [c.sock for c in self.pids.values()]
+        tables = [c.holdings for c in self.pids.values()]
 
         def forget() -> None:
             for sock in socks:
                 sever(sock)
+            for table in tables:
+                table.close()
 
         return forget
 
@@ -284,9 +298,7 @@ class Arbiter:
     def _consume_lines(self, child: Child) -> None:
         rt = self.queues[child.queue]
         for line in child.reader.read():
-            if line.startswith(protocol.HOLD):
-                child.held = protocol.parse_hold(line)
-            elif line.startswith(protocol.OBS):
+            if line.startswith(protocol.OBS):
                 self.observed.merge(child.queue, line)
             elif line.startswith(protocol.IDLE):
                 parts = line.split()
@@ -294,7 +306,6 @@ class Arbiter:
                 rt.claim_jobs += jobs
                 rt.claim_wait_us += int(parts[2]) if len(parts) > 2 else 0
                 child.jobs += jobs
-                child.held = []
                 if child.state == "busy":
                     child.state = "idle"
                 if jobs:
@@ -335,28 +346,27 @@ class Arbiter:
     def _on_child_exit(self, child: Child, status: int) -> None:
         rt = self.queues[child.queue]
         slot = self._slot_of(child)
-        # SIGCHLD can be read before the child's last lines: its final HOLD must count.
-        # One read takes all a dead child left (a few short lines); no loop, in case a
-        # grandchild still holds the other end open.
+        # SIGCHLD can be read before the child's last lines. One read takes all a dead
+        # child left (a few short lines); no loop, in case a grandchild still holds the
+        # other end open.
         if not child.reader.closed:
             self._consume_lines(child)
         self._unregister_child(child)
         child.sock.close()
         slot.child = None
+        released = self._release_child(rt, child)
         if os.WIFSIGNALED(status):
             how, code = f"killed by {signal.Signals(os.WTERMSIG(status)).name}", -1
         else:
             code = os.WEXITSTATUS(status)
             how = f"exited with {code}"
-        if child.held:
-            self._release(rt, child.held, "requeue" if self.stopping else "stall")
         if code == protocol.EXIT_BOOT_FAILED:
             raise BootFailed(f"queue {child.queue}: consumer could not load handler "
                              f"{rt.spec.handler!r}; stopping")
         crashed = not (code in (protocol.EXIT_OK, protocol.EXIT_RECYCLE) or child.respawn_now)
         level = logging.WARNING if crashed and not self.stopping else logging.INFO
         event(log, "child-exit", "queue %s: consumer %d %s%s", child.queue, child.pid, how,
-              f", released {len(child.held)} job(s)" if child.held else "", level=level,
+              f", released {released} job(s)" if released else "", level=level,
               queue=child.queue, pid=child.pid, exit=code)
         if self.stopping:
             return
@@ -376,6 +386,38 @@ class Arbiter:
                   "%.2fs", child.queue, slot.index, slot.crashes, delay,
                   queue=child.queue, delay_s=delay, count=slot.crashes)
 
+    def _release_child(self, rt: QueueRuntime, child: Child) -> int:
+        """Hand back every job a dead child held, each charged for what it was doing;
+        jobs killed for their time limit fail instead. Returns how many were held."""
+        held = child.holdings.entries()
+        child.holdings.close()
+        timed_out = [h for h in held if h.job_id in child.timed_out]
+        rest = [h for h in held if h.job_id not in child.timed_out]
+        if timed_out:
+            self._fail_timed_out(rt, child, timed_out)
+        modes = UNCHARGED if child.timed_out else RELEASE_MODES
+        for mode, run in runs_by_mode(rest, modes):
+            self._release(rt, [h.pair for h in run], mode)
+        return len(held)
+
+    def _fail_timed_out(self, rt: QueueRuntime, child: Child, held: list[Held]) -> None:
+        """Settle jobs whose process was ended at their time limit as failed attempts."""
+        lanes = Lanes(self.client, rt.metronome.keys, rt.settings)
+        try:
+            outcomes = []
+            for h in held:
+                attempts, backoff = self.client.hmget(rt.metronome.keys.job(h.job_id),
+                                                      "attempts", "backoff")
+                retry_ms = retry_ms_of(rt.settings, int(attempts or 1),
+                                       (backoff or b"").decode())
+                text = (f"{timed_out_text(child.timed_out[h.job_id])}: the supervisor ended "
+                        f"process {child.pid}")
+                outcomes.append(Outcome(h.job_id, h.token, "f", text, retry_ms))
+            lanes.settle(outcomes)
+        except NETWORK_ERRORS as exc:
+            log.warning("queue %s: could not fail %d timed-out job(s) (%s); their leases will "
+                        "expire", rt.spec.name, len(held), exc)
+
     def _release(self, rt: QueueRuntime, held: list[tuple[str, str]], mode: str) -> None:
         try:
             requeued, buried = scripts.release(self.client, rt.metronome.keys, held, mode)
@@ -392,7 +434,7 @@ class Arbiter:
     def _slot_of(self, child: Child) -> Slot:
         return self.queues[child.queue].slots[child.slot]
 
-    def _kill_all(self, mode: str) -> None:
+    def _kill_all(self) -> None:
         """The end of the drain ladder: SIGKILL what remains, reap it, requeue its jobs."""
         self.stopping = True
         for child in list(self.pids.values()):
@@ -410,9 +452,8 @@ class Arbiter:
             slot = self._slot_of(child)
             slot.child = None
             if not child.reader.closed:
-                self._consume_lines(child)  # its last HOLD may still be in the pipe
-            if child.held:
-                self._release(self.queues[child.queue], child.held, mode)
+                self._consume_lines(child)
+            self._release_child(self.queues[child.queue], child)
             child.sock.close()
 
     # --- the beat ------------------------------------------------------------------------
@@ -499,8 +540,12 @@ class Arbiter:
         if self.drain_deadline is not None and now >= self.drain_deadline and self.pids:
             event(log, "drain-timeout", "drain timeout: killing %d consumer(s), requeueing "
                   "their jobs", len(self.pids), count=len(self.pids))
-            self._kill_all("requeue")
+            self._kill_all()
             return
+        self._enforce_time_limits(now)
+        if now >= self.next_extend:  # also while draining: running jobs keep their leases
+            self._extend_leases()
+            self.next_extend = now + self.settings.lease_ms / 3000
         if self.stopping:
             return
         for rt in self.queues.values():
@@ -510,9 +555,6 @@ class Arbiter:
             self._pump(rt, now)
             if rt.scheduler is not None and now >= rt.scheduler.deadline():
                 rt.scheduler.tick(now)
-        if now >= self.next_extend:
-            self._extend_leases()
-            self.next_extend = now + self.settings.lease_ms / 3000
         if self.settings.max_memory_mb and now >= self.next_recycle:
             self._recycle_over_memory()
             self.next_recycle = now + RECYCLE_CHECK_S
@@ -535,9 +577,32 @@ class Arbiter:
         if found:
             self._found_work(rt, now)
 
+    def _enforce_time_limits(self, now: float) -> None:
+        """End a child whose running job passed its time limit (a sync handler cannot be
+        interrupted inside its process); its slot respawns at once."""
+        for rt in self.queues.values():
+            for child in rt.children:
+                deadline = child.holdings.deadline()
+                if not deadline or deadline > now or child.timed_out:
+                    continue
+                late = [h for h in child.holdings.entries()
+                        if h.state == RUNNING and h.deadline and h.deadline <= now]
+                if not late:
+                    continue
+                child.timed_out = {h.job_id: h.timeout for h in late}
+                child.respawn_now = True
+                event(log, "timeout", "queue %s: consumer %d ran job %s past its limit of "
+                      "%gs; ending it", rt.spec.name, child.pid, late[0].job_id,
+                      late[0].timeout, level=logging.WARNING, queue=rt.spec.name,
+                      pid=child.pid)
+                try:
+                    os.kill(child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     def _extend_leases(self) -> None:
         for rt in self.queues.values():
-            held = [pair for child in rt.children for pair in child.held]
+            held = [h.pair for child in rt.children for h in child.holdings.entries()]
             if not held:
                 continue
             try:

@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"recycle a consumer over this RSS {_env_help('max_memory_mb')}")
     start.add_argument("--max-jobs", type=int,
                        help=f"recycle a consumer after this many jobs {_env_help('max_jobs')}")
+    start.add_argument("--concurrency", type=int,
+                       help=f"jobs in flight per consumer process {_env_help('concurrency')}")
+    start.add_argument("--job-timeout", type=float,
+                       help=f"default per-job time limit, seconds {_env_help('job_timeout')}")
     start.add_argument("--spill-horizon", type=float,
                        help="seconds; jobs due later live on the floor only "
                        f"{_env_help('spill_horizon')}")
@@ -183,6 +187,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         health_host=_pick(args, "health_host") or "0.0.0.0",
         max_memory_mb=_number("max_memory_mb", _pick(args, "max_memory_mb"), int),
         max_jobs=_number("max_jobs", _pick(args, "max_jobs"), int),
+        concurrency=_default(_number("concurrency", _pick(args, "concurrency"), int), 1),
+        job_timeout=_number("job_timeout", _pick(args, "job_timeout"), float),
         spill_horizon=_number("spill_horizon", _pick(args, "spill_horizon"), float)
         or DEFAULT_SPILL_HORIZON_S,
         keep_dead=_default(_number("keep_dead", _pick(args, "keep_dead"), int), 10_000),

@@ -85,6 +85,15 @@ class TimedRunner:
     def run(self, claimed: Claimed) -> Outcome:
         t0 = perf_counter()
         outcome: Outcome = self.inner_run(claimed)
+        return self._fold(claimed, outcome, t0)
+
+    async def run_async(self, claimed: Claimed, job: Any, fn: Any, threads: Any) -> Outcome:
+        """The concurrent drain's way to run a job, timed the same way."""
+        t0 = perf_counter()
+        outcome: Outcome = await self.runner.run_async(claimed, job, fn, threads)
+        return self._fold(claimed, outcome, t0)
+
+    def _fold(self, claimed: Claimed, outcome: Outcome, t0: float) -> Outcome:
         elapsed = perf_counter() - t0
         key = (claimed.name, outcome.outcome)
         entry = self.by_outcome.get(key)

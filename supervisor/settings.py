@@ -30,6 +30,8 @@ ENV_VARS: dict[str, str] = {
     "health_host": "ECHOMQ_HEALTH_HOST",
     "max_memory_mb": "ECHOMQ_MAX_MEMORY_MB",
     "max_jobs": "ECHOMQ_MAX_JOBS",
+    "concurrency": "ECHOMQ_CONCURRENCY",
+    "job_timeout": "ECHOMQ_JOB_TIMEOUT",
     "spill_horizon": "ECHOMQ_SPILL_HORIZON",
     "keep_dead": "ECHOMQ_KEEP_DEAD",
     "keep_dead_s": "ECHOMQ_KEEP_DEAD_S",
@@ -77,6 +79,8 @@ class Settings:
     health_host: str = "0.0.0.0"
     max_memory_mb: int | None = None
     max_jobs: int | None = None
+    concurrency: int = 1
+    job_timeout: float | None = None
     spill_horizon: float = DEFAULT_SPILL_HORIZON_S
     keep_dead: int = 10_000  # dead jobs kept per queue (their hashes hold payload and error)
     keep_dead_s: float = 30 * 24 * 3600.0
@@ -100,6 +104,10 @@ class Settings:
         if self.doorbell not in DOORBELLS:
             raise ConfigError(f"doorbell must be one of {', '.join(DOORBELLS)}, "
                               f"got {self.doorbell!r}")
+        if not 1 <= self.concurrency <= 10_000:
+            raise ConfigError(f"concurrency must be from 1 to 10000, got {self.concurrency}")
+        if self.job_timeout is not None and not 0 < self.job_timeout < float("inf"):
+            raise ConfigError(f"job_timeout must be > 0 seconds, got {self.job_timeout}")
         for spec in self.queues:
             if spec.processes < 1:
                 raise ConfigError(f"queue {spec.name!r}: processes must be >= 1")

@@ -25,8 +25,9 @@
     ARGV[4] chain: "1" to ring when work remains after this claim
 
   Output:
-    a flat array, 10 values per claimed job:
-    id, token, name, payload, lane, attempts, max_attempts, backoff, created_ms, trace
+    a flat array, 11 values per claimed job:
+    id, token, name, payload, lane, attempts, max_attempts, backoff, created_ms,
+    timeout_ms ('' when the job has no time limit of its own), trace ('' for none)
 ]]
 if redis.call('EXISTS', KEYS[6]) == 1 then return {} end
 local t = redis.call('TIME')
@@ -52,7 +53,7 @@ while claimed < count and turns < count * 4 do
     popped = popped + 1
     local jk = prefix .. 'job:' .. id
     local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
-      'backoff', 'created_ms', 'trace')
+      'backoff', 'created_ms', 'timeout_ms', 'trace')
     if f[1] then
       if not token_base then
         -- tokens never fall behind the server clock in us, so a counter that restarts
@@ -81,6 +82,7 @@ while claimed < count and turns < count * 4 do
       out[n + 8] = f[5] or ''
       out[n + 9] = f[6] or '0'
       out[n + 10] = f[7] or ''
+      out[n + 11] = f[8] or ''
       claimed = claimed + 1
     end
   end

@@ -8,7 +8,9 @@
   costs the job:
     "stall"     stalls + 1; past max_stalls the job goes dead instead
     "requeue"   nothing (a drain that ran out of time)
-    "unstarted" attempts - 1 (the job never began)
+    "unstarted" attempts - 1 (the job never began, or its run is not charged)
+  Given pairs go back to the head of their lanes in the order given (the
+  first pair ends up first).
   Rings the doorbell when any job became claimable, and a buried job's result
   doorbell "done:<id>" when a result waiter marked it. Job hashes, lane lists
   and doorbells are built inside.
@@ -33,7 +35,8 @@ local mode = ARGV[3]
 local fold = (tonumber(redis.call('HGET', KEYS[6], 'fold') or '') or 0) >= now
 local ids = {}
 if #ARGV >= 4 then
-  for i = 4, #ARGV, 2 do
+  -- last pair first: each LPUSH goes in front of the one before
+  for i = #ARGV - 1, 4, -2 do
     local tok = redis.call('HGET', prefix .. 'job:' .. ARGV[i], 'token')
     if tok and tok ~= '' and tok == ARGV[i + 1] then ids[#ids + 1] = ARGV[i] end
   end

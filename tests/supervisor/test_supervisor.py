@@ -109,7 +109,7 @@ def test_drain_timeout_kills_and_requeues(
     assert sup.wait(10) == 0
     assert time.monotonic() - t0 < 5
     job = q.get(job_id)
-    assert job is not None and job.state == "waiting" and job.stalls == 0
+    assert job is not None and job.state == "waiting" and job.stalls == 1  # a drain kill
 
 
 def test_a_job_longer_than_its_lease_is_not_reaped(
