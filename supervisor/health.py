@@ -93,7 +93,6 @@ class Health:
     def port(self) -> int:
         return int(self.server.server_address[1])
 
-    @property
     def open_connections(self) -> int:
         """Requests being served now."""
         return self.server.open

@@ -28,7 +28,7 @@ from echomq import scripts
 from echomq.job import STATES
 from echomq.keys import Keys
 
-SURVEY_LANES = 1000  # lanes looked at for the oldest waiting job (bounded per scrape)
+SURVEY_LANES = 100  # lanes whose head job is looked at for the oldest (bounded per scrape)
 
 
 def _histogram(name: str, help_text: str, data: dict[tuple[str, str], list[Any]],

@@ -1,9 +1,10 @@
 --[[
   survey: the lanes with the most waiting jobs and the oldest waiting job (read-only).
 
-  Looks at up to `scan` lanes of the ring (LLEN each) and at the head job of
-  the first `heads` of them (its created_ms), so its cost is bounded however
-  many lanes exist; `scanned` and `lanes` tell whether it saw them all. Lane
+  Looks at up to `scan` lanes of the ring (LLEN each, only when `top` > 0) and
+  at the head job of the first `heads` of them (its created_ms), so its cost is
+  bounded however many lanes exist; `scanned` and `lanes` tell whether it saw
+  them all. Lane
   lists and job hashes are built inside.
 
   Input:
@@ -27,7 +28,7 @@ local best = {}  -- the `top` longest so far, longest first (top is small: inser
 local oldest = -1
 for i, lane in ipairs(lanes) do
   local lk = prefix .. 'lane:' .. lane
-  local len = redis.call('LLEN', lk)
+  local len = top > 0 and redis.call('LLEN', lk) or 0
   if top > 0 and (#best < top or len > best[#best][2]) then
     local pos = #best + 1
     while pos > 1 and best[pos - 1][2] < len do pos = pos - 1 end

@@ -106,7 +106,7 @@ def test_metrics_scrape_does_not_walk_every_lane(private_redis: LocalRedis) -> N
         "rings": 0, "promoted": 0, "reaped": 0, "pids": [], "scheduler": None}}}
     health = Health("127.0.0.1", free_port(), private_redis.url, lambda: snap, 10.0)
     before = _calls(client, "llen")
-    text = health.metrics()
+    text = health.metrics().decode()
     assert _calls(client, "llen") - before < 10, "a scrape ran LLEN per lane"
     assert 'echomq_queue_jobs{queue="wide",state="waiting"} 2000.0' in text
     health.server.server_close()
