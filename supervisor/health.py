@@ -72,10 +72,10 @@ class Health:
         for name, q in snap["queues"].items():
             detail["queues"][name] = {
                 "children": q["ready_children"], "processes": q["processes"],
-                "healthy": q["healthy"],
+                "healthy": q["healthy"], "valkey": q.get("valkey", "ok"),
             }
-            if q["ready_children"] < 1:
-                ready = False
+            if q["ready_children"] < 1 or not q["healthy"]:
+                ready = False  # e.g. Valkey refusing writes: PING alone would not show it
             if q["scheduler"] is not None:
                 detail["queues"][name]["floor"] = q["scheduler"].get("floor", "n/a")
         detail["ready"] = ready
@@ -119,6 +119,13 @@ class Health:
                [({"queue": n}, float(v["busy"])) for n, v in q.items()])
         metric("echomq_consumer_restarts_total", "counter", "Consumer processes respawned",
                [({"queue": n}, float(v["restarts"])) for n, v in q.items()])
+        metric("echomq_valkey_available", "gauge",
+               "1 while the queue's calls succeed; 0 while Valkey is unreachable or refuses "
+               "writes", [({"queue": n}, 1.0 if v["healthy"] else 0.0) for n, v in q.items()])
+        metric("echomq_valkey_refusals_total", "counter",
+               "Calls Valkey refused, by error code (OOM, READONLY, NOREPLICAS, MISCONF, BUSY)",
+               [({"queue": n, "code": c}, float(k)) for n, v in q.items()
+                for c, k in sorted(v.get("refusals", {}).items())])
         metric("echomq_claim_to_start_seconds_sum", "counter",
                "Summed wait between a job's claim and its start",
                [({"queue": n}, v["claim_wait_us"] / 1e6) for n, v in q.items()])

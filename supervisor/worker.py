@@ -20,7 +20,7 @@ from echomq.supervisor import protocol
 
 from echomq import scripts
 from echomq.config import QueueSettings
-from echomq.connection import NETWORK_ERRORS, client_from_url
+from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, refusal_code
 from echomq.drain import Drain
 from echomq.errors import FloorError
 from echomq.floor.writethrough import write_through
@@ -62,14 +62,22 @@ class Worker:
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True  # recorded only; the loop checks it between jobs
 
-    def serve(self) -> int:
-        """Run until told to stop; returns the exit code."""
+    def boot(self) -> None:
+        """Get ready to serve. Raises only what respawning would not cure: a server that
+        is unreachable or refusing now is met again, and waited for, at the first drain."""
         signal.signal(signal.SIGTERM, self._on_term)
         for sig in (signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # the parent decides what these mean
         for sig in (signal.SIGCHLD, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
-        scripts.load_all(self.client)
+        try:
+            scripts.load_all(self.client)  # an early load only: scripts also load on first use
+        except UNAVAILABLE_ERRORS as exc:
+            log.info("queue %s: scripts not loaded at start (%s); loading on first use",
+                     self.queue, exc)
+
+    def serve(self) -> int:
+        """Run until told to stop; returns the exit code."""
         self._send(protocol.READY.encode() + b"\n")
         while True:
             try:
@@ -90,9 +98,14 @@ class Worker:
     def _drain_safely(self) -> None:
         try:
             self.drain.run()
-        except NETWORK_ERRORS as exc:
-            # the metronome reconnects and pokes again once the server answers
-            log.warning("queue %s: server unreachable while draining: %s", self.queue, exc)
+        except UNAVAILABLE_ERRORS as exc:
+            # the metronome reconnects and pokes again once the server answers; the drain
+            # keeps the outcomes it could not settle
+            code = refusal_code(exc)
+            if code:  # the parent cannot always see a refusal itself: say so, once a poke
+                self._send(protocol.refused_line(code, str(exc)))
+            else:
+                log.warning("queue %s: server unreachable while draining: %s", self.queue, exc)
 
     # --- drain hooks ---------------------------------------------------------------
 
@@ -148,7 +161,19 @@ def run_child(sock: socket.socket, queue: str, redis_url: str, settings: QueueSe
     code = protocol.EXIT_OK
     random.seed()
     try:
-        code = Worker(sock, queue, redis_url, settings, handler, max_jobs, floor_url).serve()
+        try:
+            worker = Worker(sock, queue, redis_url, settings, handler, max_jobs, floor_url)
+            worker.boot()
+        except Exception as exc:  # before READY: say BOOTFAIL, whatever the exit code says
+            log.error("queue %s: consumer could not start: %s: %s", queue,
+                      type(exc).__name__, exc)
+            try:
+                sock.sendall(protocol.bootfail_line(f"{type(exc).__name__}: {exc}"))
+            except OSError:
+                pass
+            code = protocol.EXIT_BOOT_FAILED
+        else:
+            code = worker.serve()
     except BaseException:  # the child must never return into the parent's code
         log.exception("queue %s: consumer process failed", queue)
         code = 1

@@ -4,8 +4,10 @@ and under handlers that kill their own process: it stays up, says so, and resume
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import urllib.error
@@ -20,7 +22,7 @@ from echomq.supervisor.localredis import LocalRedis, free_port, server_binary
 
 import echomq
 
-from .conftest import Supervisor, wait_until
+from .conftest import ROOT, Supervisor, wait_until
 
 Start = Callable[..., Supervisor]
 
@@ -213,3 +215,29 @@ def test_a_handler_exiting_with_3_is_a_crash_not_a_boot_failure(
     wait_until(lambda: _ran(r, queue_name)[ok] == 1, 15, "a healthy job after the exit")
     assert sup.proc.poll() is None, sup.log
     assert "could not load handler" not in sup.log
+
+
+BOOT_FAILING_ARBITER = """
+import sys
+from echomq.supervisor import logs
+from echomq.supervisor.arbiter import Arbiter
+from echomq.supervisor.settings import QueueSpec, Settings
+logs.setup(False)
+# durability "sync" opens the floor in each consumer: an unusable floor URL fails its boot
+spec = QueueSpec(name=sys.argv[2], handler="sup_jobs:record", processes=2, durability="sync")
+settings = Settings(redis_url=sys.argv[1], queues=(spec,), floor_url="nosuchdb://floor")
+raise SystemExit(Arbiter(settings).run())
+"""
+
+
+def test_a_consumer_that_cannot_boot_stops_the_supervisor(redis_url: str,
+                                                          queue_name: str) -> None:
+    """Boot failure is told by the consumer's BOOTFAIL line: the supervisor stops with the
+    boot-failure code instead of respawning forever."""
+    done = subprocess.run([sys.executable, "-c", BOOT_FAILING_ARBITER, redis_url, queue_name],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": f"{ROOT}/tests/supervisor:{ROOT}",
+                               "ECHOMQ_TEST_LEDGER_URL": redis_url})
+    assert done.returncode == 3, done.stderr
+    assert "could not start" in done.stderr and "unsupported floor URL" in done.stderr
+    assert done.stderr.count("started") <= 3, done.stderr  # the start line and two consumers
