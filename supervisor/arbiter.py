@@ -279,6 +279,7 @@ class Arbiter:
         for line in child.reader.read():
             if line.startswith(protocol.HOLD):
                 child.held = protocol.parse_hold(line)
+                child.batches += 1
             elif line.startswith(protocol.IDLE):
                 parts = line.split()
                 jobs = int(parts[1]) if len(parts) > 1 else 0
@@ -356,8 +357,8 @@ class Arbiter:
         now = time.monotonic()
         rt.restarts += 1
         if crashed:
-            if now - child.started_at > STABLE_AFTER_S:
-                slot.crashes = 0
+            if now - child.started_at > STABLE_AFTER_S or child.batches > 1:
+                slot.crashes = 0  # it lived long, or settled a batch: not a crash loop
             slot.crashes += 1
             delay = 0.0 if slot.crashes == 1 else min(
                 CRASH_BACKOFF_MAX_S, 0.25 * 2 ** (slot.crashes - 2))

@@ -34,6 +34,7 @@ class Child:
     respawn_now: bool = False  # a recycle or a roll: its exit is not a crash
     boot_failure: str | None = None  # what it said with BOOTFAIL: respawning would not help
     jobs: int = 0
+    batches: int = 0  # HOLD lines: a second one means the first batch was settled
 
     def send(self, message: bytes) -> bool:
         try:

@@ -241,3 +241,18 @@ def test_a_consumer_that_cannot_boot_stops_the_supervisor(redis_url: str,
     assert done.returncode == 3, done.stderr
     assert "could not start" in done.stderr and "unsupported floor URL" in done.stderr
     assert done.stderr.count("started") <= 3, done.stderr  # the start line and two consumers
+
+
+def test_a_handler_that_crashes_now_and_then_is_not_a_crash_loop(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    """Every fourth job takes its process down once; the processes between settled work,
+    so each respawn is immediate (a crash loop is a process that gets nothing done)."""
+    q = echomq.Queue(queue_name, redis_url=redis_url, max_stalls=10)
+    ids = q.add_many([("x", {"exit_first": 1} if i % 4 == 3 else {}, {"lane": "one"})
+                      for i in range(24)])
+    sup = supervisor(redis_url, queue_name, "--processes", "1").started(1)
+    wait_until(lambda: set(_ran(r, queue_name)) == set(ids), 30, "every job")
+    # how many: a crash hands back its whole batch, so later exit_first jobs may come back
+    # on attempt 2 and not exit
+    assert len(sup.wait_for_log(r"consumer \d+ exited with 1", 2)) >= 2
+    assert "respawn in" not in sup.log, sup.log
