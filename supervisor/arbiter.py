@@ -457,6 +457,8 @@ class Arbiter:
             try:
                 bell.arm()
                 fd = bell.fileno()
+                # a close that came after the last select shows here, not in the selector
+                buffered = bell.buffered()
             except UNAVAILABLE_ERRORS as exc:
                 self._unregister_doorbell(rt)
                 self._queue_down(rt, now, exc)
@@ -465,7 +467,7 @@ class Arbiter:
                 self._unregister_doorbell(rt)
                 self.selector.register(fd, selectors.EVENT_READ, rt)
                 rt.metronome.registered_fd = fd
-            if bell.buffered():
+            if buffered:
                 self._on_ring(rt)
 
     def _unregister_doorbell(self, rt: QueueRuntime) -> None:

@@ -84,6 +84,8 @@ class Worker:
                 data = self.sock.recv(64)
             except InterruptedError:
                 data = b"P"
+            except ConnectionError:
+                data = b""  # the parent is gone: leave like at EOF, without a traceback
             if not data or protocol.STOP in data or self.stopping:
                 return protocol.EXIT_OK
             if protocol.POKE in data:

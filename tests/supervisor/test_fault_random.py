@@ -8,7 +8,7 @@ driver SIGKILLs consumers, SIGTERMs the supervisor and starts a new one, and
 SIGKILLs the server and starts it again on its append-only file. The handler
 records every run's start and end in a SQLite ledger outside the server.
 
-``ECHOMQ_FAULT_SECONDS`` sets how long faults are injected (default 45: the whole
+``ECHOMQ_FAULT_SECONDS`` sets how long faults are injected (default 40: the whole
 run stays near 60-90 s in CI; 600 for the ten-minute run). ``ECHOMQ_FAULT_SEED``
 replays a run: the seed picks the jobs and the driver's faults and their timing.
 """
@@ -36,7 +36,7 @@ from echomq.supervisor.localredis import LocalRedis, server_binary
 from echomq.errors import EchoMQError
 from echomq.queue import Queue
 
-FAULT_S = float(os.environ.get("ECHOMQ_FAULT_SECONDS", "45"))
+FAULT_S = float(os.environ.get("ECHOMQ_FAULT_SECONDS", "40"))
 SEED = int(os.environ.get("ECHOMQ_FAULT_SEED") or random.randrange(1 << 30))
 PROCESSES = 4
 LANES = 64

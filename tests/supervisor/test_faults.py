@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -256,3 +259,36 @@ def test_a_handler_that_crashes_now_and_then_is_not_a_crash_loop(
     # on attempt 2 and not exit
     assert len(sup.wait_for_log(r"consumer \d+ exited with 1", 2)) >= 2
     assert "respawn in" not in sup.log, sup.log
+
+
+def test_a_doorbell_closed_by_the_server_marks_the_queue_down_instead_of_crashing(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    """The server closes the doorbell's connection between two turns of the loop (the
+    close arrives after the selector returned for something else): the next turn must
+    take the queue down and reconnect later, not raise out of the loop."""
+    from echomq.supervisor.arbiter import Arbiter
+    from echomq.supervisor.children import Child
+    from echomq.supervisor.protocol import LineReader
+    from echomq.supervisor.settings import QueueSpec, Settings
+
+    settings = Settings(redis_url=private_redis.url, beat_ms=200, queues=(
+        QueueSpec(queue_name, "echomq.supervisor.drill_handler:handle"),))
+    arbiter = Arbiter(settings)
+    rt = arbiter.queues[queue_name]
+    ours, theirs = socket.socketpair()
+    # an idle consumer's record (no process is needed): it makes the loop arm the doorbell
+    rt.slots[0].child = Child(queue=queue_name, slot=0, pid=0, sock=ours,
+                              reader=LineReader(ours.fileno()), state="idle")
+    try:
+        arbiter._arm_doorbells(time.monotonic())
+        bell = rt.metronome.doorbell
+        assert bell.armed and bell.client_id is not None
+        redis.Redis.from_url(private_redis.url).client_kill_filter(_id=bell.client_id)
+        readable, _, _ = select.select([bell.fileno()], [], [], 10)
+        assert readable  # the close has arrived; nobody has read it
+        arbiter._arm_doorbells(time.monotonic())
+        assert not rt.healthy and rt.availability.state == "unreachable"
+    finally:
+        ours.close()
+        theirs.close()
+        rt.metronome.doorbell.reset()
