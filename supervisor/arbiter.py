@@ -493,13 +493,17 @@ class Arbiter:
     def _queue_up(self, rt: QueueRuntime, now: float) -> None:
         """The probe succeeded after an outage: fork the slots that waited for the server
         (no crash backoff earned meanwhile delays them) and poke every idle child, since
-        each may hold outcomes it could not settle."""
+        each may hold outcomes it could not settle. Leases in hand are extended at once and
+        the reap waits a beat: leases that ran out during the outage belong to jobs that
+        are running or settling now, not to dead processes."""
         for slot in rt.slots:
             if slot.child is None and slot.respawn_at is not None:
                 slot.respawn_at = min(slot.respawn_at, now)
         for child in rt.children:
             if child.state == "idle":
                 self._poke(rt, child)
+        self.next_extend = now
+        rt.metronome.retry_later(now, rt.metronome.beat_s)
 
     def _on_child_trouble(self, rt: QueueRuntime, child: Child, line: str) -> None:
         """A child's REFUSED (the server refused its write) or BOOTFAIL (it cannot start)."""
@@ -544,14 +548,17 @@ class Arbiter:
         try:
             if not rt.healthy:
                 self._declare_queue(rt)  # the probe: a write, refused while writes are
-            parked = any(c.state in ("idle", "starting") for c in rt.children)
-            found = rt.metronome.pump(now, disarmed=not parked)
+                found = False
+            else:
+                parked = any(c.state in ("idle", "starting") for c in rt.children)
+                found = rt.metronome.pump(now, disarmed=not parked)
         except UNAVAILABLE_ERRORS as exc:
             self._queue_down(rt, now, exc)
             return
         if rt.availability.up():
             self._queue_up(rt, now)
-            found = True  # work may have piled up while we could not see it
+            rt.work_seen = now  # work may have piled up while we could not see it
+            return
         if found:
             self._found_work(rt, now)
 

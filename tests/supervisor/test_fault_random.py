@@ -45,15 +45,15 @@ PRODUCE_SHARE = 0.6  # admits are spread over this share of the fault window
 BEAT_MS = 200
 LEASE_MS = 2000
 DRAIN_S = 10.0
-MAX_ATTEMPTS = 6
-MAX_STALLS = 3
+MAX_ATTEMPTS = 3  # the defaults: what users run
+MAX_STALLS = 1
 BACKOFF_S = 0.05
 SETTLE_S = 60.0 + FAULT_S / 5
 CHECK_S = 0.25  # "every job finished" is an absence: re-checked on this beat
 HANDLER = "echomq.supervisor.drill_handler:handle"
 MIX = (  # kind, share
-    ("fast", 0.70), ("slow", 0.08), ("flaky", 0.10), ("failing", 0.04),
-    ("exit_first", 0.075), ("exit_always", 0.005),
+    ("fast", 0.69), ("slow", 0.08), ("flaky", 0.10), ("failing", 0.04),
+    ("exit_first", 0.075), ("exit_always", 0.015),
 )
 EXIT_CODES = (1, 3, 9)
 
@@ -189,7 +189,7 @@ class Driver:
 
     def restart_server(self) -> None:
         self.server.kill()  # SIGKILL: only what the append-only file holds survives
-        threading.Event().wait(self.rng.uniform(0.2, 1.5))  # the outage's length
+        threading.Event().wait(self.rng.uniform(0.2, 2.5))  # the outage's length
         self.server.start()
 
     def stop(self) -> None:

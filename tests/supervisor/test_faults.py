@@ -292,3 +292,30 @@ def test_a_doorbell_closed_by_the_server_marks_the_queue_down_instead_of_crashin
         ours.close()
         theirs.close()
         rt.metronome.doorbell.reset()
+
+
+def test_a_refusal_longer_than_the_lease_does_not_run_the_job_twice(
+        supervisor: Start, server: LocalRedis, redis_url: str, r: redis.Redis,
+        queue_name: str) -> None:
+    """The job finishes while the server refuses writes and its lease runs out meanwhile:
+    once writes are taken again the consumer settles it before anything reaps it."""
+    sup = supervisor(server.url, queue_name, "--processes", "1", "--beat-ms", "200",
+                     "--lease-ms", "1000", env={"ECHOMQ_TEST_LEDGER_URL": redis_url}).started(1)
+    admin = redis.Redis.from_url(server.url)
+    q = echomq.Queue(queue_name, redis_url=server.url)
+    job_id = q.add("x", {"sleep": 0.5})
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 1, 10, "the job to start")
+    admin.config_set("min-replicas-to-write", "1")
+    try:
+        wait_until(lambda: _ran(r, queue_name)[job_id] == 1, 10, "the job's work to be done")
+        sup.wait_for_log(r"refuses writes")
+        # let the refusal outlast the lease (a wait on an exit that must not come)
+        with pytest.raises(subprocess.TimeoutExpired):
+            sup.proc.wait(2.0)
+    finally:
+        admin.config_set("min-replicas-to-write", "0")
+    wait_until(lambda: q.get(job_id).state == "completed", 10,  # type: ignore[union-attr]
+               "the job settled")
+    job = q.get(job_id)
+    assert job is not None and job.stalls == 0 and job.attempts == 1
+    assert r.llen(f"ledger:{queue_name}:started") == 1, sup.log  # it ran once
