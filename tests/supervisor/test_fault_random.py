@@ -56,6 +56,8 @@ MIX = (  # kind, share
     ("exit_first", 0.075), ("exit_always", 0.015),
 )
 EXIT_CODES = (1, 3, 9)
+# the whole run happens in the first test's setup: its bound grows with the fault window
+pytestmark = pytest.mark.timeout(int(120 + 1.5 * FAULT_S + 2 * SETTLE_S))
 
 
 @dataclass(frozen=True)

@@ -319,3 +319,28 @@ def test_a_refusal_longer_than_the_lease_does_not_run_the_job_twice(
     job = q.get(job_id)
     assert job is not None and job.stalls == 0 and job.attempts == 1
     assert r.llen(f"ledger:{queue_name}:started") == 1, sup.log  # it ran once
+
+
+def test_start_against_a_server_out_of_memory_waits_then_runs(
+        supervisor: Start, server: LocalRedis, redis_url: str, r: redis.Redis,
+        queue_name: str) -> None:
+    """``maxmemory`` reached before the supervisor starts (the manifests choose noeviction):
+    it starts, forks nothing and says why, then runs once memory is freed."""
+    port = free_port()
+    admin = redis.Redis.from_url(server.url)
+    q = echomq.Queue(queue_name, redis_url=server.url)
+    job_id = q.add("x", {})
+    _oom_on(admin, server)
+    try:
+        sup = supervisor(server.url, queue_name, "--processes", "2", "--beat-ms", "200",
+                         "--health-port", str(port),
+                         env={"ECHOMQ_TEST_LEDGER_URL": redis_url})
+        sup.wait_for_log(r"refuses writes \(OOM")
+        code, body = _get(f"http://127.0.0.1:{port}/readyz")
+        assert code == 503 and "OOM" in json.loads(body)["queues"][queue_name]["valkey"]
+        assert sup.proc.poll() is None and "started" not in sup.log.split("supervisor started")[1]
+    finally:
+        admin.config_set("maxmemory", "0")
+    sup.started(2)
+    wait_until(lambda: _ran(r, queue_name)[job_id] == 1, 10, "the job after memory was freed")
+    assert "Traceback" not in sup.log, sup.log
