@@ -31,7 +31,7 @@ import redis.asyncio
 import redis.exceptions
 
 from echomq import scripts
-from echomq.connection import NETWORK_ERRORS
+from echomq.connection import UNAVAILABLE_ERRORS
 from echomq.drain import DrainHooks
 from echomq.job import Claimed, parse_claimed
 from echomq.lanes import Lanes, Outcome
@@ -218,7 +218,7 @@ class ConcurrentDrain:
             calls.append(self.lanes.claim_call(want, chain))
         try:
             replies = await self._execute(calls)
-        except NETWORK_ERRORS as exc:
+        except UNAVAILABLE_ERRORS as exc:
             self.done = outcomes + self.done
             self.failures += 1
             if self.failures == 1 or self.failures % 20 == 0:

@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.exceptions
+from redis.connection import DefaultParser
 
 from echomq.errors import ConnectionFailed, PermissionDenied
 
@@ -35,6 +36,64 @@ NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutErro
 
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#]*)@")
 _QUERY_PASSWORD = re.compile(r"(?i)([?&;](?:password|pass|pwd)=)[^&;#]*")
+
+
+class ServerRefused(redis.exceptions.ResponseError):
+    """The server answered but will not run writes for now: out of memory under
+    ``noeviction``, a read-only replica after a failover, too few replicas, a failing
+    snapshot, a long script. Nothing was done; the same call can succeed later."""
+
+    code = ""
+
+
+class OutOfMemory(ServerRefused, redis.exceptions.OutOfMemoryError):
+    code = "OOM"
+
+
+class ReadOnlyReplica(ServerRefused, redis.exceptions.ReadOnlyError):
+    code = "READONLY"
+
+
+class NoReplicas(ServerRefused):
+    code = "NOREPLICAS"
+
+
+class PersistenceFailing(ServerRefused):
+    code = "MISCONF"
+
+
+class ServerBusy(ServerRefused):
+    code = "BUSY"
+
+
+class PrimaryDown(ServerRefused, redis.exceptions.MasterDownError):
+    code = "MASTERDOWN"
+
+
+REFUSALS: dict[str, type[ServerRefused]] = {
+    cls.code: cls for cls in (OutOfMemory, ReadOnlyReplica, NoReplicas, PersistenceFailing,
+                              ServerBusy, PrimaryDown)}
+# what a server that cannot take our writes now raises, reachable or not: wait, never crash
+# (redis-py's own classes too, for clients not built by client_from_url)
+UNAVAILABLE_ERRORS = (*NETWORK_ERRORS, ServerRefused, redis.exceptions.OutOfMemoryError,
+                      redis.exceptions.ReadOnlyError)
+
+
+class RefusalParser(DefaultParser):  # type: ignore[misc,valid-type]
+    """redis-py's parser, answering the refusals above with their own exception classes."""
+
+    EXCEPTION_CLASSES = {**DefaultParser.EXCEPTION_CLASSES, **REFUSALS}
+
+
+def refusal_code(exc: BaseException) -> str | None:
+    """The server's error code when ``exc`` is a refusal (``OOM``, ``READONLY``...), else None."""
+    if isinstance(exc, ServerRefused):
+        return exc.code
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return "OOM"
+    if isinstance(exc, redis.exceptions.ReadOnlyError):
+        return "READONLY"
+    return None
 
 
 def redact_url(url: str) -> str:
@@ -91,6 +150,7 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
     options.setdefault("socket_connect_timeout", 5.0)
     options.setdefault("socket_timeout", 10.0)
     options.setdefault("health_check_interval", 0)
+    options.setdefault("parser_class", RefusalParser)
     try:
         if url.partition("://")[0].lower() in SENTINEL_SCHEMES:
             return _sentinel_client(url, options)

@@ -29,7 +29,7 @@ import redis.exceptions
 from echomq import scripts
 from echomq.concurrent import ConcurrentDrain
 from echomq.config import QueueSettings
-from echomq.connection import NETWORK_ERRORS
+from echomq.connection import UNAVAILABLE_ERRORS
 from echomq.drain import Drain
 from echomq.job import Claimed
 from echomq.lanes import Lanes, Outcome
@@ -168,7 +168,7 @@ class Consumer:
                         # due time instead); a timed-out beat runs the pump
                         next_promote = 0.0
                     work |= rung
-                except NETWORK_ERRORS as exc:
+                except UNAVAILABLE_ERRORS as exc:
                     failures += 1
                     doorbell.reset()
                     wait = min(MAX_RECONNECT_WAIT_S, 0.05 * 2 ** min(failures, 7))
@@ -265,7 +265,7 @@ class Consumer:
             self._held.clear()
         try:
             self.lanes.release(held, mode)
-        except NETWORK_ERRORS:
+        except UNAVAILABLE_ERRORS:
             log.warning("queue %s: could not hand back %d jobs; their leases will expire",
                         self.queue.name, len(held))
 
@@ -279,7 +279,7 @@ class Consumer:
                 continue
             try:
                 self.lanes.extend(held)
-            except NETWORK_ERRORS as exc:
+            except UNAVAILABLE_ERRORS as exc:
                 log.warning("queue %s: lease extension failed: %s", self.queue.name, exc)
 
     def _drain_stop_pipe(self) -> None:

@@ -24,13 +24,14 @@ from echomq.supervisor.holdings import FINISHED, HELD, RUNNING, Held, runs_by_mo
 from echomq.supervisor.logs import event
 from echomq.supervisor.metronome import Metronome
 from echomq.supervisor.observations import Tally
+from echomq.supervisor.outage import Availability
 from echomq.supervisor.recycle import over_memory
 from echomq.supervisor.settings import QueueSpec, Settings
 from echomq.supervisor.signals import SignalPipe, sever
 
 from echomq import scripts
 from echomq.config import QueueSettings
-from echomq.connection import NETWORK_ERRORS, client_from_url, redact_url
+from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, redact_url
 from echomq.keys import REGISTRY, Keys
 from echomq.lanes import Lanes, Outcome
 from echomq.runner import retry_ms_of, timed_out_text
@@ -48,7 +49,7 @@ UNCHARGED = {RUNNING: "unstarted", FINISHED: "unstarted", HELD: "unstarted"}
 
 
 class BootFailed(Exception):
-    """A child could not load its handler: respawning would not help."""
+    """A child could not start (it said BOOTFAIL): respawning would not help."""
 
 
 @dataclass
@@ -70,9 +71,8 @@ class QueueRuntime:
     handler: Callable[..., Any]
     metronome: Metronome
     slots: list[Slot]
+    availability: Availability
     work_seen: float = 0.0
-    healthy: bool = True
-    failures: int = 0
     claim_jobs: int = 0
     claim_wait_us: int = 0
     restarts: int = 0
@@ -82,6 +82,10 @@ class QueueRuntime:
     @property
     def children(self) -> list[Child]:
         return [s.child for s in self.slots if s.child is not None]
+
+    @property
+    def healthy(self) -> bool:
+        return self.availability.ok
 
 
 class Arbiter:
@@ -106,6 +110,7 @@ class Arbiter:
                 spec=spec, settings=qs, handler=load_handler(spec),
                 metronome=Metronome(spec.name, self.client, qs),
                 slots=[Slot(i) for i in range(spec.processes)],
+                availability=Availability(spec.name, self.where, settings.beat_ms / 1000),
             )
         if scheduler_factory is not None:
             for rt in self.queues.values():
@@ -158,13 +163,7 @@ class Arbiter:
 
     def _prepare_queue(self, rt: QueueRuntime, at_start: bool = False) -> None:
         try:
-            scripts.load_all(self.client)
-            durability = rt.settings.durability or "volatile"
-            # "fold" is the scheduler's lease (lead.lua), not set here
-            self.client.hset(Keys(rt.spec.name).meta, mapping={"durability": durability})
-            self.client.sadd(REGISTRY, rt.spec.name)  # `echomq queues` lists it
-            claim_doorbell(self.client, rt.metronome.keys, rt.settings.doorbell,
-                           switch=self.settings.switch_doorbell)
+            self._declare_queue(rt)
         except DoorbellMismatch as exc:
             if at_start:
                 raise
@@ -173,8 +172,19 @@ class Arbiter:
             log.error("%s", exc)
             self.exit_code = EXIT_DOORBELL
             self._begin_drain()
-        except NETWORK_ERRORS as exc:
+        except UNAVAILABLE_ERRORS as exc:
             self._queue_down(rt, time.monotonic(), exc)
+
+    def _declare_queue(self, rt: QueueRuntime) -> None:
+        """Load the scripts and write the queue's meta: a write, so it is also the probe
+        that tells a server refusing writes from one taking them again."""
+        scripts.load_all(self.client)
+        durability = rt.settings.durability or "volatile"
+        # "fold" is the scheduler's lease (lead.lua), not set here
+        self.client.hset(Keys(rt.spec.name).meta, mapping={"durability": durability})
+        self.client.sadd(REGISTRY, rt.spec.name)  # `echomq queues` lists it
+        claim_doorbell(self.client, rt.metronome.keys, rt.settings.doorbell,
+                       switch=self.settings.switch_doorbell)
 
     def _loop_once(self) -> None:
         now = time.monotonic()
@@ -197,7 +207,7 @@ class Arbiter:
         if not self.stopping:
             deadlines += [rt.metronome.deadline() for rt in self.queues.values()]
             deadlines += [s.respawn_at for rt in self.queues.values() for s in rt.slots
-                          if s.respawn_at is not None and s.child is None]
+                          if s.respawn_at is not None and s.child is None and rt.healthy]
             deadlines += [rt.scheduler.deadline() for rt in self.queues.values()
                           if rt.scheduler is not None]
         if any(rt.children for rt in self.queues.values()):
@@ -312,6 +322,8 @@ class Arbiter:
                     self._slot_of(child).crashes = 0
                 if rt.work_seen >= child.poked_at and not self.stopping:
                     self._poke(rt, child)  # work may have come after its last claim
+            elif line.startswith((protocol.REFUSED, protocol.BOOTFAIL)):
+                self._on_child_trouble(rt, child, line)
             elif line == protocol.READY and child.state == "starting":
                 child.state = "idle"
                 if not self.stopping:
@@ -354,15 +366,16 @@ class Arbiter:
         self._unregister_child(child)
         child.sock.close()
         slot.child = None
+        settled_some = child.holdings.dropped() > 0  # got work done: not a crash loop
         released = self._release_child(rt, child)
         if os.WIFSIGNALED(status):
             how, code = f"killed by {signal.Signals(os.WTERMSIG(status)).name}", -1
         else:
             code = os.WEXITSTATUS(status)
             how = f"exited with {code}"
-        if code == protocol.EXIT_BOOT_FAILED:
-            raise BootFailed(f"queue {child.queue}: consumer could not load handler "
-                             f"{rt.spec.handler!r}; stopping")
+        if child.boot_failure is not None:  # its word, not its exit code: a handler may exit 3
+            raise BootFailed(f"queue {child.queue}: consumer could not start "
+                             f"({child.boot_failure}); stopping")
         crashed = not (code in (protocol.EXIT_OK, protocol.EXIT_RECYCLE) or child.respawn_now)
         level = logging.WARNING if crashed and not self.stopping else logging.INFO
         event(log, "child-exit", "queue %s: consumer %d %s%s", child.queue, child.pid, how,
@@ -373,8 +386,8 @@ class Arbiter:
         now = time.monotonic()
         rt.restarts += 1
         if crashed:
-            if now - child.started_at > STABLE_AFTER_S:
-                slot.crashes = 0
+            if now - child.started_at > STABLE_AFTER_S or settled_some:
+                slot.crashes = 0  # it lived long, or settled a batch: not a crash loop
             slot.crashes += 1
             delay = 0.0 if slot.crashes == 1 else min(
                 CRASH_BACKOFF_MAX_S, 0.25 * 2 ** (slot.crashes - 2))
@@ -414,14 +427,14 @@ class Arbiter:
                         f"process {child.pid}")
                 outcomes.append(Outcome(h.job_id, h.token, "f", text, retry_ms))
             lanes.settle(outcomes)
-        except NETWORK_ERRORS as exc:
+        except UNAVAILABLE_ERRORS as exc:
             log.warning("queue %s: could not fail %d timed-out job(s) (%s); their leases will "
                         "expire", rt.spec.name, len(held), exc)
 
     def _release(self, rt: QueueRuntime, held: list[tuple[str, str]], mode: str) -> None:
         try:
             requeued, buried = scripts.release(self.client, rt.metronome.keys, held, mode)
-        except NETWORK_ERRORS as exc:
+        except UNAVAILABLE_ERRORS as exc:
             log.warning("queue %s: could not release %d job(s) (%s); their leases will expire",
                         rt.spec.name, len(held), exc)
             return
@@ -459,6 +472,8 @@ class Arbiter:
     # --- the beat ------------------------------------------------------------------------
 
     def _poke(self, rt: QueueRuntime, child: Child) -> None:
+        if not rt.healthy:
+            return  # it could not settle or claim; every idle child is poked on recovery
         if child.send(protocol.POKE):
             child.state = "busy"
             child.poked_at = time.monotonic()
@@ -476,7 +491,7 @@ class Arbiter:
         now = time.monotonic()
         try:
             rung = rt.metronome.collect_ring()
-        except NETWORK_ERRORS as exc:
+        except UNAVAILABLE_ERRORS as exc:
             self._unregister_doorbell(rt)
             self._queue_down(rt, now, exc)
             return
@@ -502,7 +517,9 @@ class Arbiter:
             try:
                 bell.arm()
                 fd = bell.fileno()
-            except NETWORK_ERRORS as exc:
+                # a close that came after the last select shows here, not in the selector
+                buffered = bell.buffered()
+            except UNAVAILABLE_ERRORS as exc:
                 self._unregister_doorbell(rt)
                 self._queue_down(rt, now, exc)
                 continue
@@ -510,7 +527,7 @@ class Arbiter:
                 self._unregister_doorbell(rt)
                 self.selector.register(fd, selectors.EVENT_READ, rt)
                 rt.metronome.registered_fd = fd
-            if bell.buffered():
+            if buffered:
                 self._on_ring(rt)
 
     def _unregister_doorbell(self, rt: QueueRuntime) -> None:
@@ -526,15 +543,37 @@ class Arbiter:
         sever(getattr(rt.metronome.doorbell.conn, "_sock", None))
         rt.metronome.doorbell.conn._sock = None
 
-    def _queue_down(self, rt: QueueRuntime, now: float, exc: BaseException) -> None:
+    def _queue_down(self, rt: QueueRuntime, now: float, exc: BaseException | None = None,
+                    *, code: str | None = None, detail: str = "") -> None:
+        """The server is unreachable or refuses writes: wait, then probe (see outage.py)."""
+        self._unregister_doorbell(rt)
         rt.metronome.doorbell.reset()
-        rt.failures += 1
-        delay = min(5.0, 0.1 * 2 ** min(rt.failures, 6))
-        rt.metronome.retry_later(now, delay)
-        if rt.healthy or rt.failures in (2, 5) or rt.failures % 20 == 0:
-            log.warning("queue %s: Valkey unreachable at %s (%s); retrying in %.1fs",
-                        rt.spec.name, self.where, exc, delay)
-        rt.healthy = False
+        rt.metronome.retry_later(now, rt.availability.down(exc, code=code, detail=detail))
+
+    def _queue_up(self, rt: QueueRuntime, now: float) -> None:
+        """The probe succeeded after an outage: fork the slots that waited for the server
+        (no crash backoff earned meanwhile delays them) and poke every idle child, since
+        each may hold outcomes it could not settle. Leases in hand are extended at once and
+        the reap waits a beat: leases that ran out during the outage belong to jobs that
+        are running or settling now, not to dead processes."""
+        for slot in rt.slots:
+            if slot.child is None and slot.respawn_at is not None:
+                slot.respawn_at = min(slot.respawn_at, now)
+        for child in rt.children:
+            if child.state == "idle":
+                self._poke(rt, child)
+        self.next_extend = now
+        rt.metronome.retry_later(now, rt.metronome.beat_s)
+
+    def _on_child_trouble(self, rt: QueueRuntime, child: Child, line: str) -> None:
+        """A child's REFUSED (the server refused its write) or BOOTFAIL (it cannot start)."""
+        word, _, rest = line.partition(" ")
+        if word == protocol.BOOTFAIL:
+            child.boot_failure = rest or "no reason given"
+            return
+        code, _, text = rest.partition(" ")
+        if rt.healthy or rt.availability.code != code:
+            self._queue_down(rt, time.monotonic(), code=code or "ERR", detail=text)
 
     def _on_timers(self, now: float) -> None:
         if self.drain_deadline is not None and now >= self.drain_deadline and self.pids:
@@ -550,11 +589,16 @@ class Arbiter:
             return
         for rt in self.queues.values():
             for slot in rt.slots:
-                if slot.child is None and slot.respawn_at is not None and now >= slot.respawn_at:
+                # forked only while the server answers: a child needs it to do anything
+                if slot.child is None and slot.respawn_at is not None and \
+                        now >= slot.respawn_at and rt.healthy:
                     self._spawn(rt, slot)
             self._pump(rt, now)
             if rt.scheduler is not None and now >= rt.scheduler.deadline():
-                rt.scheduler.tick(now)
+                try:
+                    rt.scheduler.tick(now)
+                except UNAVAILABLE_ERRORS as exc:  # a refusal: the scheduler waits like the rest
+                    self._queue_down(rt, now, exc)
         if self.settings.max_memory_mb and now >= self.next_recycle:
             self._recycle_over_memory()
             self.next_recycle = now + RECYCLE_CHECK_S
@@ -563,17 +607,19 @@ class Arbiter:
         if now < rt.metronome.deadline():
             return
         try:
-            parked = any(c.state in ("idle", "starting") for c in rt.children)
-            found = rt.metronome.pump(now, disarmed=not parked)
-        except NETWORK_ERRORS as exc:
+            if not rt.healthy:
+                self._declare_queue(rt)  # the probe: a write, refused while writes are
+                found = False
+            else:
+                parked = any(c.state in ("idle", "starting") for c in rt.children)
+                found = rt.metronome.pump(now, disarmed=not parked)
+        except UNAVAILABLE_ERRORS as exc:
             self._queue_down(rt, now, exc)
             return
-        if not rt.healthy:
-            rt.healthy = True
-            rt.failures = 0
-            log.info("queue %s: Valkey reachable again", rt.spec.name)
-            self._prepare_queue(rt)
-            found = True  # work may have piled up while we could not see it
+        if rt.availability.up():
+            self._queue_up(rt, now)
+            rt.work_seen = now  # work may have piled up while we could not see it
+            return
         if found:
             self._found_work(rt, now)
 
@@ -607,7 +653,7 @@ class Arbiter:
                 continue
             try:
                 scripts.extend(self.client, rt.metronome.keys, rt.settings.lease_ms, held)
-            except NETWORK_ERRORS as exc:
+            except UNAVAILABLE_ERRORS as exc:
                 log.warning("queue %s: lease extension failed: %s", rt.spec.name, exc)
 
     def _recycle_over_memory(self) -> None:
@@ -632,6 +678,8 @@ class Arbiter:
             children = rt.children
             queues[name] = {
                 "healthy": rt.healthy,
+                "valkey": rt.availability.describe(),
+                "refusals": dict(rt.availability.refusals),
                 "children": len(children),
                 "ready_children": sum(1 for c in children if c.state != "starting"),
                 "processes": rt.spec.processes,

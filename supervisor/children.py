@@ -34,6 +34,7 @@ class Child:
     poked_at: float = 0.0
     stop_sent: bool = False
     respawn_now: bool = False  # a recycle or a roll: its exit is not a crash
+    boot_failure: str | None = None  # what it said with BOOTFAIL: respawning would not help
     jobs: int = 0
 
     def send(self, message: bytes) -> bool:

@@ -136,10 +136,10 @@ class Health:
         for name, q in snap["queues"].items():
             detail["queues"][name] = {
                 "children": q["ready_children"], "processes": q["processes"],
-                "healthy": q["healthy"],
+                "healthy": q["healthy"], "valkey": q.get("valkey", "ok"),
             }
-            if q["ready_children"] < 1:
-                ready = False
+            if q["ready_children"] < 1 or not q["healthy"]:
+                ready = False  # e.g. Valkey refusing writes: PING alone would not show it
             if q["scheduler"] is not None:
                 detail["queues"][name]["floor"] = q["scheduler"].get("floor", "n/a")
         detail["ready"] = ready

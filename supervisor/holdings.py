@@ -24,7 +24,9 @@ from dataclasses import dataclass
 FREE, HELD, RUNNING, FINISHED = 0, 1, 2, 3
 STATE_NAMES = {HELD: "held", RUNNING: "running", FINISHED: "finished"}
 
-_HEADER = struct.Struct("<Id")  # capacity, earliest enforced deadline (monotonic s, 0 none)
+# capacity, earliest enforced deadline (monotonic s, 0 none), jobs dropped (settled or handed
+# back) so far, mod 2**32
+_HEADER = struct.Struct("<IdI")
 ID_MAX = 255
 TOKEN_MAX = 32
 # state, id length, token length, seq, deadline, timeout, id, token
@@ -56,12 +58,13 @@ class Holdings:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.mem = mmap.mmap(-1, HEADER_SIZE + capacity * ENTRY_SIZE)
-        _HEADER.pack_into(self.mem, 0, capacity, 0.0)
+        _HEADER.pack_into(self.mem, 0, capacity, 0.0, 0)
         # the child's own bookkeeping (each process has its copy after the fork)
         self._slots: dict[str, int] = {}
         self._free = list(range(capacity - 1, -1, -1))
         self._seq = 0
         self._deadlines: dict[int, float] = {}
+        self._dropped = 0
 
     # --- the child's side -----------------------------------------------------------
 
@@ -113,7 +116,9 @@ class Holdings:
                 continue
             self.mem[HEADER_SIZE + slot * ENTRY_SIZE] = FREE
             self._free.append(slot)
+            self._dropped += 1
             changed |= self._deadlines.pop(slot, None) is not None
+        struct.pack_into("<I", self.mem, 12, self._dropped & 0xFFFFFFFF)
         if changed:
             self._write_deadline()
 
@@ -128,6 +133,12 @@ class Holdings:
         if self.mem.closed:
             return 0.0
         return float(struct.unpack_from("<d", self.mem, 4)[0])
+
+    def dropped(self) -> int:
+        """How many jobs the child has settled or handed back so far (mod 2**32)."""
+        if self.mem.closed:
+            return 0
+        return int(struct.unpack_from("<I", self.mem, 12)[0])
 
     def entries(self) -> list[Held]:
         """Every job held now, in claim order."""

@@ -126,6 +126,17 @@ class SupervisorCollector:
             for name, v in queues.items():
                 family.add_metric([name], float(read(v)))
             yield family
+        available = GaugeMetricFamily(
+            "echomq_valkey_available", "1 while the queue's calls succeed; 0 while Valkey is "
+            "unreachable or refuses writes", labels=["queue"])
+        refusals = CounterMetricFamily(
+            "echomq_valkey_refusals", "Calls Valkey refused, by error code (OOM, READONLY, "
+            "NOREPLICAS, MISCONF, BUSY)", labels=["queue", "code"])
+        for name, v in queues.items():
+            available.add_metric([name], 1.0 if v.get("healthy", True) else 0.0)
+            for code, count in sorted(v.get("refusals", {}).items()):
+                refusals.add_metric([name, code], float(count))
+        yield from (available, refusals)
         wait = SummaryMetricFamily("echomq_claim_to_start_seconds", "Wait between a job's "
                                    "claim and its start", labels=["queue"])
         for name, v in queues.items():

@@ -25,7 +25,7 @@ import redis.exceptions
 from echomq.supervisor.logs import event
 
 from echomq import scripts
-from echomq.connection import NETWORK_ERRORS
+from echomq.connection import UNAVAILABLE_ERRORS
 from echomq.errors import FloorError, StaleFence
 from echomq.floor import Floor, FloorRow
 from echomq.keys import Keys
@@ -102,7 +102,7 @@ class Scheduler:
         self.next_tick = now + self.beat_s
         try:
             self._tick(now, floor_work=now >= self.floor_retry_at)
-        except NETWORK_ERRORS as exc:
+        except UNAVAILABLE_ERRORS as exc:
             log.debug("queue %s: scheduler skipped a beat: %s", self.queue, exc)
         except StaleFence:
             event(log, "scheduler-deposed", "queue %s: a newer scheduler leads; standing down",
@@ -133,7 +133,7 @@ class Scheduler:
                 held = self.client.get(self.keys.leader)
                 if held and _text(held).startswith(self.replica + "|"):
                     self.client.delete(self.keys.leader)
-            except NETWORK_ERRORS:
+            except UNAVAILABLE_ERRORS:
                 pass
 
     # --- the beat -------------------------------------------------------------------

@@ -26,7 +26,7 @@ from echomq.supervisor.observations import Observations, TimedRunner
 from echomq import scripts
 from echomq.concurrent import ConcurrentDrain
 from echomq.config import QueueSettings
-from echomq.connection import NETWORK_ERRORS, client_from_url
+from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, refusal_code
 from echomq.drain import Drain
 from echomq.errors import FloorError
 from echomq.floor.writethrough import write_through
@@ -80,14 +80,22 @@ class Worker:
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True  # recorded only; the loop checks it between jobs
 
-    def serve(self) -> int:
-        """Run until told to stop; returns the exit code."""
+    def boot(self) -> None:
+        """Get ready to serve. Raises only what respawning would not cure: a server that
+        is unreachable or refusing now is met again, and waited for, at the first drain."""
         signal.signal(signal.SIGTERM, self._on_term)
         for sig in (signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # the parent decides what these mean
         for sig in (signal.SIGCHLD, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
-        scripts.load_all(self.client)
+        try:
+            scripts.load_all(self.client)  # an early load only: scripts also load on first use
+        except UNAVAILABLE_ERRORS as exc:
+            log.info("queue %s: scripts not loaded at start (%s); loading on first use",
+                     self.queue, exc)
+
+    def serve(self) -> int:
+        """Run until told to stop; returns the exit code."""
         self._send(protocol.READY.encode() + b"\n")
         if self.pool is not None:
             return self._serve_pool(self.pool)
@@ -96,6 +104,8 @@ class Worker:
                 data = self.sock.recv(64)
             except InterruptedError:
                 data = b"P"
+            except ConnectionError:
+                data = b""  # the parent is gone: leave like at EOF, without a traceback
             if not data or protocol.STOP in data or self.stopping:
                 return self._settle_then_exit(parent_gone=not data)
             if protocol.POKE in data:
@@ -111,9 +121,14 @@ class Worker:
     def _drain_safely(self) -> None:
         try:
             self.drain.run()
-        except NETWORK_ERRORS as exc:
-            # the metronome reconnects and pokes again once the server answers
-            log.warning("queue %s: server unreachable while draining: %s", self.queue, exc)
+        except UNAVAILABLE_ERRORS as exc:
+            # the metronome reconnects and pokes again once the server answers; the drain
+            # keeps the outcomes it could not settle
+            code = refusal_code(exc)
+            if code:  # the parent cannot always see a refusal itself: say so, once a poke
+                self._send(protocol.refused_line(code, str(exc)))
+            else:
+                log.warning("queue %s: server unreachable while draining: %s", self.queue, exc)
 
     def _serve_pool(self, pool: ConcurrentDrain) -> int:
         """Concurrent mode: the event loop runs here and watches the pipe."""
@@ -153,7 +168,7 @@ class Worker:
         while self.drain.pending:
             try:
                 self.drain.settle(self.drain.pending)
-            except NETWORK_ERRORS as exc:
+            except UNAVAILABLE_ERRORS as exc:
                 failures += 1
                 if failures == 1:
                     log.warning("queue %s: %d unsettled outcome(s) kept until the server "
@@ -246,8 +261,20 @@ def run_child(sock: socket.socket, queue: str, redis_url: str, settings: QueueSe
     code = protocol.EXIT_OK
     random.seed()
     try:
-        code = Worker(sock, queue, redis_url, settings, handler, max_jobs, floor_url,
-                      holdings).serve()
+        try:
+            worker = Worker(sock, queue, redis_url, settings, handler, max_jobs, floor_url,
+                            holdings)
+            worker.boot()
+        except Exception as exc:  # before READY: say BOOTFAIL, whatever the exit code says
+            log.error("queue %s: consumer could not start: %s: %s", queue,
+                      type(exc).__name__, exc)
+            try:
+                sock.sendall(protocol.bootfail_line(f"{type(exc).__name__}: {exc}"))
+            except OSError:
+                pass
+            code = protocol.EXIT_BOOT_FAILED
+        else:
+            code = worker.serve()
     except BaseException:  # the child must never return into the parent's code
         log.exception("queue %s: consumer process failed", queue)
         code = 1

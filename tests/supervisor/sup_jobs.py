@@ -24,8 +24,9 @@ def _ledger() -> redis.Redis:
 
 
 def record(job) -> str:  # type: ignore[no-untyped-def]
-    """Payload options: sleep (s), exit (code, via os._exit), stamp (push start time),
-    gate (wait until the test pushes onto ``ledger:<queue>:gate``, at most 30 s)."""
+    """Payload options: sleep (s), exit (code, via os._exit), exit_first (the same on attempt
+    1 only), stamp (push start time), gate (wait until the test pushes onto
+    ``ledger:<queue>:gate``, at most 30 s)."""
     r = _ledger()
     p = job.payload if isinstance(job.payload, dict) else {}
     r.rpush(f"ledger:{job.queue}:started", f"{job.id}:{os.getpid()}:{job.attempts}")
@@ -37,6 +38,8 @@ def record(job) -> str:  # type: ignore[no-untyped-def]
         os._exit(int(p["exit"]))
     if p.get("gate"):
         r.blpop([f"ledger:{job.queue}:gate"], 30)
+    if "exit_first" in p and job.attempts == 1:
+        os._exit(int(p["exit_first"]))
     if p.get("sleep"):
         time.sleep(float(p["sleep"]))  # simulated work inside the job
     r.rpush(f"ledger:{job.queue}:done", job.id)
