@@ -31,7 +31,7 @@ import redis.asyncio
 import redis.exceptions
 
 from echomq import scripts
-from echomq.connection import UNAVAILABLE_ERRORS
+from echomq.connection import UNAVAILABLE_ERRORS, AsyncRefusalParser
 from echomq.drain import DrainHooks
 from echomq.job import Claimed, parse_claimed
 from echomq.lanes import Lanes, Outcome
@@ -313,5 +313,7 @@ def async_twin(client: redis.Redis) -> redis.asyncio.Redis:
         if init is not None:
             accepted |= set(inspect.signature(init).parameters)
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in accepted}
+    if "parser_class" in kwargs:  # a sync parser cannot read for an asyncio connection
+        kwargs["parser_class"] = AsyncRefusalParser
     return redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
         connection_class=cls, **kwargs))

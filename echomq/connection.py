@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.exceptions
+from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
 from redis.connection import DefaultParser
 
 from echomq.errors import ConnectionFailed, PermissionDenied
@@ -83,6 +84,12 @@ class RefusalParser(DefaultParser):  # type: ignore[misc,valid-type]
     """redis-py's parser, answering the refusals above with their own exception classes."""
 
     EXCEPTION_CLASSES = {**DefaultParser.EXCEPTION_CLASSES, **REFUSALS}
+
+
+class AsyncRefusalParser(AsyncDefaultParser):  # type: ignore[misc,valid-type]
+    """The same for redis.asyncio connections (the consumer's event loop)."""
+
+    EXCEPTION_CLASSES = {**AsyncDefaultParser.EXCEPTION_CLASSES, **REFUSALS}
 
 
 def refusal_code(exc: BaseException) -> str | None:
