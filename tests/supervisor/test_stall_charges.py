@@ -39,3 +39,23 @@ def test_a_long_job_survives_two_drain_timeouts_without_going_dead(
     r.rpush(f"ledger:{queue_name}:gate", 1)
     wait_until(lambda: q.get(job_id).state == "completed", 15,  # type: ignore[union-attr]
                "the job to complete")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a child that dies charges a stall to every job RUNNING in it (RELEASE_MODES), not only "
+    "to the one that killed it: with --concurrency, a job that runs beside a process-killing "
+    "job goes dead with it after max_stalls crashes, its own handler never failing"))
+def test_a_job_running_beside_one_that_kills_its_process_does_not_go_dead_with_it(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    supervisor(redis_url, queue_name, "--processes", "1", "--concurrency", "2").started(1)
+    # one admit: the first claim after the ring leases both, the innocent one first
+    innocent, killer = q.add_many([("x", {"gate": True}), ("x", {"exit": 9})])
+    wait_until(lambda: q.get(killer).state == "dead", 20,  # type: ignore[union-attr]
+               "the process-killing job to go dead")
+    job = q.get(innocent)
+    assert job is not None
+    assert job.state != "dead", job
+    r.rpush(f"ledger:{queue_name}:gate", 1)
+    wait_until(lambda: q.get(innocent).state == "completed", 15,  # type: ignore[union-attr]
+               "the innocent job to complete")
