@@ -7,16 +7,11 @@ import gc
 import threading
 import time
 
-import pytest
 import redis
 
 import echomq
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Runner.run_async catches Exception only: a CancelledError (a BaseException) raised out "
-    "of a handler's own await escapes ConcurrentDrain._run_one, no outcome is appended, the "
-    "job stays held and extended: 'active' for as long as the consumer lives"))
 def test_a_handler_raising_cancelled_error_is_settled_as_a_failure(
         redis_url: str, queue_name: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
@@ -49,11 +44,6 @@ def test_a_handler_raising_cancelled_error_is_settled_as_a_failure(
         gc.collect()  # the dropped task's unretrieved error is logged here, not mid-import
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ConcurrentDrain._round_trip catches UNAVAILABLE_ERRORS only: any other error of the "
-    "settle pipeline (here a script error) ends the task with its outcomes already taken "
-    "out of `done`; the jobs stay held and extended, 'active' for as long as the consumer "
-    "lives"))  # (a job hash with a malformed dedup_ms, or a dedup_s past the server's range)
 def test_a_settle_error_in_the_concurrent_drain_does_not_strand_the_other_outcomes(
         redis_url: str, queue_name: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
