@@ -227,6 +227,11 @@ class ConcurrentDrain:
             self._set_wake()
         settle_reply = replies[0] if outcomes else None
         claim_reply = replies[-1] if want else None
+        # settled first: their holdings entries free up before the new batch takes them
+        if outcomes and not isinstance(settle_reply, Exception):
+            self._settled(outcomes, [Settled(int(c)) for c in settle_reply])
+        elif outcomes:
+            self.done = outcomes + self.done  # kept: their jobs stay held, settled later
         # a claim that went through is held and run even when the settle beside it failed
         if want and not isinstance(claim_reply, Exception):
             batch = parse_claimed(claim_reply)
@@ -237,10 +242,6 @@ class ConcurrentDrain:
                 self.dry = True
                 self.hooks.on_dry()
         failed = next((r for r in (settle_reply, claim_reply) if isinstance(r, Exception)), None)
-        if outcomes and not isinstance(settle_reply, Exception):
-            self._settled(outcomes, [Settled(int(c)) for c in settle_reply])
-        elif outcomes:
-            self.done = outcomes + self.done  # kept: their jobs stay held, settled later
         if failed is None:
             self.failures = 0
             return

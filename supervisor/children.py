@@ -62,7 +62,8 @@ def fork_child(queue: str, slot: int, redis_url: str, settings: QueueSettings,
     (siblings' pipe ends, the signal pipe, the parent's Redis connections, the health
     listener) before the child builds its own clients."""
     parent_end, child_end = socket.socketpair()
-    holdings = Holdings(max(settings.claim_batch, settings.concurrency))
+    # twice the most in flight: a claim that went through beside a failed settle is held too
+    holdings = Holdings(2 * max(settings.claim_batch, settings.concurrency))
     pid = os.fork()
     if pid == 0:  # the child
         sever(parent_end)

@@ -51,7 +51,7 @@ class Worker:
                  max_jobs: int | None, floor_url: str | None = None,
                  holdings: Holdings | None = None) -> None:
         self.sock = sock
-        self.holdings = holdings or Holdings(max(settings.claim_batch, settings.concurrency))
+        self.holdings = holdings or Holdings(2 * max(settings.claim_batch, settings.concurrency))
         self.queue = queue
         self.settings = settings
         self.max_jobs = max_jobs
