@@ -1,20 +1,43 @@
-"""Redis connections: build clients from URLs, redact passwords, translate errors."""
+"""Every Valkey/Redis client is made here: one server or a cluster, from a URL.
+
+``connect(url)`` returns a ``redis.Redis`` for a single server and a
+``redis.cluster.RedisCluster`` for a cluster node (detected from ``INFO cluster``
+on connect, or forced with ``ECHOMQ_CLUSTER=1``; ``ECHOMQ_CLUSTER=0`` forbids it).
+Every key of a queue shares the ``{queue}`` hash tag, so each call the library
+makes touches one slot and a cluster client routes it to the node that owns it.
+
+Blocking calls (a queue's BLPOP) get a connection of their own, made by
+:func:`blocking_connection` on the node that owns the queue's slot.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.exceptions
+from redis.cluster import RedisCluster
 
 from echomq.errors import ConnectionFailed
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-# what an unreachable, stalled or restarting server raises: retry later, never crash
-NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+CLUSTER_ENV = "ECHOMQ_CLUSTER"
+# what an unreachable, stalled or restarting server raises: retry later, never crash.
+# A cluster adds its own: no master for a slot during a failover (CLUSTERDOWN), a slot
+# being moved (TRYAGAIN past the client's retries), a topology not yet known.
+NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+                  redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+                  redis.exceptions.RedisClusterException)
+
+Client = redis.Redis | RedisCluster
+_cluster_urls: dict[str, bool] = {}  # detection result per URL, once per process
+REPLICAS_RECHECK_S = 5.0
+_replicas_seen: dict[tuple[Any, Any, Any], tuple[float, int]] = {}  # node -> (until, count)
 
 
 def redact_url(url: str) -> str:
@@ -33,8 +56,11 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def describe(client: redis.Redis) -> str:
+def describe(client: Client) -> str:
     """A redacted description of where a client connects, for error messages."""
+    if isinstance(client, RedisCluster):
+        nodes = sorted(n.name for n in client.get_primaries())
+        return f"cluster {', '.join(nodes)}"
     kwargs: dict[str, Any] = client.connection_pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
@@ -43,13 +69,130 @@ def describe(client: redis.Redis) -> str:
     return f"redis://{password}{host}:{port}/{db}"
 
 
-def client_from_url(url: str, **options: Any) -> redis.Redis:
-    """A redis-py client for ``url``; options go to the connection pool."""
+def connect(url: str | None = None, **options: Any) -> Client:
+    """The client for ``url``: a ``RedisCluster`` when it names a cluster node, else a
+    ``redis.Redis``. Options go to the connection pool(s)."""
+    url = url or DEFAULT_URL
     options.setdefault("socket_connect_timeout", 5.0)
     options.setdefault("socket_timeout", 10.0)
     options.setdefault("health_check_interval", 0)
     try:
-        return redis.Redis.from_url(url, **options)
+        if not cluster_mode(url, options["socket_connect_timeout"]):
+            return redis.Redis.from_url(url, **options)
+        return RedisCluster.from_url(_cluster_url(url), **options)
+    except ValueError as exc:
+        raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise ConnectionFailed(f"cannot reach the cluster at {redact_url(url)}: {exc}") from exc
+
+
+client_from_url = connect  # the name the first callers used
+
+
+def cluster_mode(url: str, timeout: float = 5.0) -> bool:
+    """Whether ``url`` names a cluster node: ``ECHOMQ_CLUSTER`` if set, else ``INFO cluster``.
+
+    A server that cannot be reached now is taken for a single server (and asked again
+    next time); set ``ECHOMQ_CLUSTER=1`` where a cluster must be assumed from the start.
+    """
+    forced = os.environ.get(CLUSTER_ENV, "").strip()
+    if forced in ("1", "0"):
+        return forced == "1"
+    if url in _cluster_urls:
+        return _cluster_urls[url]
+    probe = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:
+        enabled = str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
+    except redis.exceptions.RedisError:
+        return False
+    finally:
+        probe.close()
+    _cluster_urls[url] = enabled
+    return enabled
+
+
+def _cluster_url(url: str) -> str:
+    """A cluster has only database 0: drop a ``/0`` path the single-server URL may carry."""
+    parts = urlsplit(url)
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError("a cluster has only database 0")
+    return urlunsplit((parts.scheme, parts.netloc, "", parts.query, parts.fragment))
+
+
+def is_cluster(client: object) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+def node_client(client: Client, key: str) -> redis.Redis:
+    """The single-node client that serves ``key``: the client itself on one server."""
+    if isinstance(client, RedisCluster):
+        return client.get_redis_connection(client.get_node_from_key(key))
+    return client
+
+
+def blocking_connection(client: Client, key: str, socket_timeout: float,
+                        address: tuple[str, int] | None = None) -> Any:
+    """A new connection of its own for a blocking call on ``key`` (not from any pool),
+    to the node owning ``key``'s slot, or to ``address`` (where a redirect pointed)."""
+    pool = node_client(client, key).connection_pool
+    kwargs: dict[str, Any] = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = socket_timeout
+    if address is not None:
+        kwargs["host"], kwargs["port"] = address
+    return pool.connection_class(**kwargs)
+
+
+def refresh(client: Client) -> None:
+    """Re-read the cluster's slot map (after a failover or a slot move); no-op on one server."""
+    if isinstance(client, RedisCluster):
+        client.nodes_manager.initialize()
+
+
+def learn_redirect(client: Client, exc: redis.exceptions.ResponseError) -> None:
+    """Teach a cluster client a MOVED its own calls did not see (a blocking call's reply)."""
+    if isinstance(client, RedisCluster) and isinstance(exc, redis.exceptions.MovedError):
+        client.nodes_manager.move_slot(exc)
+
+
+def pools(client: Client) -> list[Any]:
+    """Every connection pool the client holds (one, or one per cluster node)."""
+    if isinstance(client, RedisCluster):
+        return [n.redis_connection.connection_pool for n in client.get_nodes()
+                if n.redis_connection is not None]
+    return [client.connection_pool]
+
+
+def wait_replicas(client: Client, key: str, replicas: int, timeout_ms: int) -> int | None:
+    """``WAIT replicas timeout`` on the node owning ``key``: how many replicas acknowledged
+    every write made so far on this connection's node. None when that node has no replica
+    (WAIT would block its whole timeout for nothing); that is looked up at most every
+    few seconds per node."""
+    node = node_client(client, key)
+    kwargs = node.connection_pool.connection_kwargs
+    where = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"))
+    now = time.monotonic()
+    known = _replicas_seen.get(where)
+    if known is None or known[0] < now:
+        count = int(node.info("replication").get("connected_slaves", 0))
+        known = _replicas_seen[where] = (now + REPLICAS_RECHECK_S, count)
+    if known[1] == 0:
+        return None
+    return int(node.execute_command("WAIT", replicas, timeout_ms))
+
+
+def connect_async(url: str | None = None, **options: Any) -> Any:
+    """The asyncio client for ``url``: ``redis.asyncio.RedisCluster`` for a cluster node,
+    else ``redis.asyncio.Redis`` (detection as in :func:`connect`)."""
+    import redis.asyncio
+    import redis.asyncio.cluster
+
+    url = url or DEFAULT_URL
+    options.setdefault("socket_connect_timeout", 5.0)
+    options.setdefault("socket_timeout", 10.0)
+    try:
+        if cluster_mode(url, options["socket_connect_timeout"]):
+            return redis.asyncio.cluster.RedisCluster.from_url(_cluster_url(url), **options)
+        return redis.asyncio.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
 

@@ -105,7 +105,7 @@ class Consumer:
             while not self._stopping:
                 try:
                     if failures:
-                        scripts.load_all(self.queue.redis)
+                        scripts.load_all(self.queue.redis, keys.prefix)
                     now = time.monotonic()
                     if now >= next_reap:
                         next_reap, requeued = self._reap(lease_s)

@@ -4,6 +4,12 @@ redis-py's ``register_script`` would do load-once and NOSCRIPT reload for
 single calls, but inside a pipeline it sends ``SCRIPT EXISTS`` on every
 execute; settle-and-claim is pipelined on the hot path, so scripts here are
 loaded explicitly and re-loaded only when the server answers NOSCRIPT.
+
+On a cluster, EVALSHA goes to the node owning its first key's slot (redis-py's
+RedisCluster routes it like any keyed command, following MOVED and ASK), while
+a bare SCRIPT LOAD goes to every primary. A replica promoted by a failover, or
+the node a slot moved to, may not have the script: its NOSCRIPT is answered by
+loading the script on the node owning that slot and calling again.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 import redis
 import redis.exceptions
 
+from echomq.connection import node_client
 from echomq.keys import Keys
 
 Arg = str | int | float | bytes
@@ -46,12 +53,22 @@ class LuaScript:
         try:
             return client.evalsha(self.sha, self.num_keys, *keys, *args)
         except redis.exceptions.NoScriptError:
-            client.script_load(self.source)
+            self.load(client, keys[0] if keys else None)
             return client.evalsha(self.sha, self.num_keys, *keys, *args)
 
+    def load(self, client: redis.Redis, key: str | None = None) -> None:
+        """SCRIPT LOAD on the node owning ``key``'s slot (every primary when no key)."""
+        target = node_client(client, key) if key is not None else client
+        target.script_load(self.source)
+
     def queue(self, pipe: redis.client.Pipeline, keys: Sequence[str], args: Sequence[Arg]) -> None:
-        """Add a call to a pipeline; see :func:`execute` for the NOSCRIPT handling."""
-        pipe.evalsha(self.sha, self.num_keys, *keys, *args)
+        """Add a call to a pipeline; see :func:`execute` for the NOSCRIPT handling.
+
+        ``execute_command``, not ``evalsha``: redis-py's cluster pipeline blocks the
+        ``evalsha`` method (scripts of several slots in one pipeline would be unsafe),
+        but every call of one queue shares its slot, so the pipeline goes to one node.
+        """
+        pipe.execute_command("EVALSHA", self.sha, self.num_keys, *keys, *args)
 
 
 ADMIT = LuaScript("admit", 2)
@@ -70,10 +87,11 @@ ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD
        RESTORE)
 
 
-def load_all(client: redis.Redis) -> None:
-    """SCRIPT LOAD every script (once per connection target, before pipelining)."""
+def load_all(client: redis.Redis, key: str | None = None) -> None:
+    """SCRIPT LOAD every script (once per connection target, before pipelining): on
+    the node owning ``key``'s slot, or on every primary of a cluster when no key."""
     for script in ALL:
-        client.script_load(script.source)
+        script.load(client, key)
 
 
 def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]

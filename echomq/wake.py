@@ -6,6 +6,12 @@ becomes readable, and does other work (a promote due on a local timer, a
 drain) on its command connection meanwhile. Cancelling uses ``CLIENT
 UNBLOCK``; a token that arrived in that instant is pushed back so no other
 waiter loses its wake-up.
+
+On a cluster the connection goes to the node owning the queue's slot. A reply of
+MOVED (the slot moved, or a replica took over) or ASK (the slot is moving) ends
+the call like a quiet beat; the next arm goes where the redirect pointed. After a
+lost connection the next arm re-reads the cluster's slot map first, so a
+promoted replica is found within the failover time.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 import redis
 import redis.exceptions
 
+from echomq.connection import blocking_connection, is_cluster, learn_redirect, refresh
+
 BLOCK_GRACE_S = 5.0  # a reply this late past the block means the connection is dead
 
 
@@ -27,12 +35,12 @@ class Doorbell:
         self.client = client  # command connection: CLIENT UNBLOCK and re-ringing go here
         self.wake_key = wake_key
         self.beat_s = max(0.01, beat_s)
-        pool = client.connection_pool
-        kwargs: dict[str, Any] = dict(pool.connection_kwargs)
-        kwargs["socket_timeout"] = self.beat_s + BLOCK_GRACE_S
-        self.conn: Any = pool.connection_class(**kwargs)
+        self.conn: Any = blocking_connection(client, wake_key, self.beat_s + BLOCK_GRACE_S)
         self.client_id: int | None = None
         self.armed_at: float | None = None
+        self.redirect: tuple[str, int] | None = None  # where a MOVED/ASK reply pointed
+        self.asking = False  # the redirect was an ASK: send ASKING before the next call
+        self.lost = False  # the connection failed: re-read the slot map before reconnecting
 
     @property
     def armed(self) -> bool:
@@ -43,11 +51,26 @@ class Doorbell:
         if self.armed_at is not None:
             return
         if self.client_id is None:
+            self._route()
             self.conn.connect()
             self.conn.send_command("CLIENT", "ID")
             self.client_id = int(self.conn.read_response())
+        if self.asking:
+            self.conn.send_command("ASKING")
+            self.conn.read_response()
         self.conn.send_command("BLPOP", self.wake_key, self.beat_s)
         self.armed_at = time.monotonic()
+
+    def _route(self) -> None:
+        """On a cluster, (re)make the connection for the node that serves the wake key now."""
+        if not is_cluster(self.client):
+            return
+        if self.lost:
+            refresh(self.client)
+            self.lost = False
+        self.conn = blocking_connection(self.client, self.wake_key, self.beat_s + BLOCK_GRACE_S,
+                                        self.redirect)
+        self.redirect = None  # one call only: afterwards the slot map decides again
 
     def fileno(self) -> int:
         """The socket to select on while armed."""
@@ -66,9 +89,24 @@ class Doorbell:
             reply = self.conn.read_response()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
             self.reset()
+            self.lost = True
             raise
+        except (redis.exceptions.AskError, redis.exceptions.ClusterDownError,
+                redis.exceptions.TryAgainError) as exc:
+            self._redirected(exc)
+            return False
         self.armed_at = None
         return reply is not None
+
+    def _redirected(self, exc: redis.exceptions.ResponseError) -> None:
+        """The slot is served elsewhere (MOVED), is moving (ASK) or has no master yet."""
+        self.reset()
+        if isinstance(exc, redis.exceptions.AskError):  # MovedError is an AskError too
+            self.redirect = (exc.host, int(exc.port))
+            self.asking = not isinstance(exc, redis.exceptions.MovedError)
+            learn_redirect(self.client, exc)
+        else:
+            self.lost = True
 
     def overdue(self) -> bool:
         """The reply is later than the block plus a grace: treat the connection as dead."""
@@ -97,7 +135,7 @@ class Doorbell:
         if self.armed_at is None:
             return
         try:
-            self.client.execute_command("CLIENT", "UNBLOCK", self.client_id, "TIMEOUT")
+            self._node_client().execute_command("CLIENT", "UNBLOCK", self.client_id, "TIMEOUT")
             if self.collect():
                 self.client.lpush(self.wake_key, "1")
                 self.client.ltrim(self.wake_key, 0, 63)
@@ -106,10 +144,20 @@ class Doorbell:
         except OSError:
             self.reset()
 
+    def _node_client(self) -> Any:
+        """A client of the node this connection is on: client ids are per node."""
+        if not is_cluster(self.client):
+            return self.client
+        node = self.client.get_node(host=self.conn.host, port=self.conn.port)
+        if node is None:
+            raise redis.exceptions.ConnectionError("doorbell node left the cluster")
+        return self.client.get_redis_connection(node)
+
     def reset(self) -> None:
         """Drop the connection; the next arm() reconnects and sends a fresh call."""
         self.armed_at = None
         self.client_id = None
+        self.asking = False
         try:
             self.conn.disconnect()
         except OSError:

@@ -144,7 +144,7 @@ class Arbiter:
 
     def _prepare_queue(self, rt: QueueRuntime) -> None:
         try:
-            scripts.load_all(self.client)
+            scripts.load_all(self.client, Keys(rt.spec.name).prefix)
             durability = rt.settings.durability or "volatile"
             self.client.hset(Keys(rt.spec.name).meta, mapping={
                 "fold": "1" if durability != "volatile" else "0", "durability": durability})

@@ -69,7 +69,7 @@ class Worker:
             signal.signal(sig, signal.SIG_IGN)  # the parent decides what these mean
         for sig in (signal.SIGCHLD, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
-        scripts.load_all(self.client)
+        scripts.load_all(self.client, self.lanes.keys.prefix)
         self._send(protocol.READY.encode() + b"\n")
         while True:
             try:

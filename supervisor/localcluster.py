@@ -1,0 +1,136 @@
+"""A private Valkey Cluster on 127.0.0.1: masters with replicas, each a LocalRedis.
+
+The tests, the ``cluster-failover`` drill and ``bench/cluster.py`` start one so
+they can SIGKILL a master, watch its replica take over and move a slot, without
+touching anyone else's server. ``valkey-cli --cluster create`` (the CLI that
+ships beside the server binary) assigns the slots and pairs the replicas.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+from echomq.supervisor.localredis import LocalRedis, free_port, server_binary
+
+NODE_TIMEOUT_MS = 1000  # how long a master may be silent before its replica takes over
+
+
+def cli_binary() -> str | None:
+    """valkey-cli beside the server binary, else valkey-cli or redis-cli on PATH."""
+    server = server_binary()
+    if server:
+        for name in ("valkey-cli", "redis-cli"):
+            beside = Path(server).parent / name
+            if beside.exists():
+                return str(beside)
+    return shutil.which("valkey-cli") or shutil.which("redis-cli")
+
+
+class LocalCluster:
+    """``masters`` masters, each with ``replicas`` replicas, all on free loopback ports."""
+
+    def __init__(self, masters: int = 3, replicas: int = 1, *,
+                 node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
+        cli = cli_binary()
+        if cli is None:
+            raise RuntimeError("no valkey-cli/redis-cli to create a cluster with")
+        self.cli = cli
+        self.masters = masters
+        self.replicas = replicas
+        self.nodes: list[LocalRedis] = []
+        for _ in range(masters * (1 + replicas)):
+            args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", str(node_timeout_ms),
+                    "--cluster-port", str(free_port()), "--appendonly", "no")
+            self.nodes.append(LocalRedis(extra_args=args))
+
+    @property
+    def url(self) -> str:
+        """A URL naming one node: a cluster client discovers the rest."""
+        return self.nodes[0].url
+
+    def start(self, timeout: float = 60.0) -> LocalCluster:
+        """Start every node, create the cluster and return once every node agrees it is ok."""
+        for node in self.nodes:
+            node.start()
+        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run([self.cli, "--cluster", "create", *addrs, "--cluster-replicas",
+                        str(self.replicas), "--cluster-yes"], check=True, timeout=timeout,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.wait_ok(timeout)
+        return self
+
+    def client(self, node: LocalRedis) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=5,
+                           socket_connect_timeout=2)
+
+    def alive(self) -> list[LocalRedis]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def wait_ok(self, timeout: float = 60.0) -> None:
+        """Until every live node reports cluster_state:ok, the same number of masters
+        and covers all slots, and every live replica's link to its master is up.
+
+        The cluster announces none of this as an event a client can wait on: ask again
+        every 50 ms until the deadline.
+        """
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                if self._settled():
+                    return
+            except (redis.exceptions.RedisError, OSError) as exc:
+                last = str(exc)
+            time.sleep(0.05)
+        raise RuntimeError(f"cluster not ok after {timeout}s {last}")
+
+    def _settled(self) -> bool:
+        views = set()
+        for node in self.alive():
+            c = self.client(node)
+            try:
+                info = c.cluster("info")
+                if info.get("cluster_state") != "ok" or int(info["cluster_slots_ok"]) != 16384:
+                    return False
+                masters = tuple(sorted(
+                    line.split()[1] for line in c.execute_command("CLUSTER", "NODES").decode()
+                    .splitlines() if "master" in line.split()[2] and "fail" not in
+                    line.split()[2] and len(line.split()) > 8))
+                views.add(masters)
+                repl = c.info("replication")
+                if repl["role"] == "slave" and repl.get("master_link_status") != "up":
+                    return False
+            finally:
+                c.close()
+        return len(views) == 1 and len(next(iter(views))) == self.masters
+
+    def master_of(self, key: str) -> LocalRedis:
+        """The live node that owns ``key``'s slot now."""
+        c = self.client(self.alive()[0])
+        try:
+            slot = int(c.execute_command("CLUSTER", "KEYSLOT", key))
+            for start, end, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    port = int(primary[1])
+                    return next(n for n in self.nodes if n.port == port)
+        finally:
+            c.close()
+        raise LookupError(f"no node serves the slot of {key!r}")
+
+    def replica_of(self, master: LocalRedis) -> LocalRedis:
+        c = self.client(master)
+        try:
+            repl = c.info("replication")
+        finally:
+            c.close()
+        port = int(repl["slave0"]["port"])
+        return next(n for n in self.nodes if n.port == port)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
