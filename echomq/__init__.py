@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from echomq.backoff import Backoff
+from echomq.bulk import add_many
 from echomq.config import QueueSettings
 from echomq.consumer import Consumer
 from echomq.errors import (
@@ -21,6 +22,7 @@ from echomq.errors import (
     InvalidName,
     InvalidSchedule,
     MissingExtra,
+    NotReplicated,
     PayloadError,
     StaleLease,
 )
@@ -46,9 +48,11 @@ __all__ = [
     "MissingExtra",
     "Job",
     "Lanes",
+    "NotReplicated",
     "Outcome",
     "PayloadError",
     "Queue",
     "QueueSettings",
     "StaleLease",
+    "add_many",
 ]

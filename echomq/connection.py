@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 import redis.exceptions
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from echomq.errors import ConnectionFailed
 
@@ -163,21 +164,45 @@ def pools(client: Client) -> list[Any]:
 
 
 def wait_replicas(client: Client, key: str, replicas: int, timeout_ms: int) -> int | None:
-    """``WAIT replicas timeout`` on the node owning ``key``: how many replicas acknowledged
-    every write made so far on this connection's node. None when that node has no replica
-    (WAIT would block its whole timeout for nothing); that is looked up at most every
-    few seconds per node."""
+    """How many replicas of the node owning ``key`` hold every write made there so far,
+    waiting up to ``timeout_ms`` for ``replicas`` of them (``WAIT``). None when that
+    node has no replica (WAIT would block its whole timeout for nothing); that is looked
+    up at most every few seconds per node.
+
+    WAIT covers the writes of its own connection, and a pooled connection may not be the
+    one that wrote: so one ``INCR`` of ``key`` (a counter in the same slot) is sent on
+    the same connection first. Replication is one ordered stream, so replicas that hold
+    the INCR hold everything the node applied before it.
+    """
     node = node_client(client, key)
-    kwargs = node.connection_pool.connection_kwargs
-    where = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"))
-    now = time.monotonic()
-    known = _replicas_seen.get(where)
-    if known is None or known[0] < now:
-        count = int(node.info("replication").get("connected_slaves", 0))
-        known = _replicas_seen[where] = (now + REPLICAS_RECHECK_S, count)
-    if known[1] == 0:
-        return None
-    return int(node.execute_command("WAIT", replicas, timeout_ms))
+    for _ in range(3):  # the owning node, then where a MOVED or an ASK points
+        kwargs = node.connection_pool.connection_kwargs
+        where = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"))
+        now = time.monotonic()
+        known = _replicas_seen.get(where)
+        if known is None or known[0] < now:
+            count = int(node.info("replication").get("connected_slaves", 0))
+            known = _replicas_seen[where] = (now + REPLICAS_RECHECK_S, count)
+        if known[1] == 0:
+            return None
+        pipe = node.pipeline(transaction=False)
+        asking = node is not node_client(client, key)
+        if asking:
+            pipe.execute_command("ASKING")
+        pipe.incr(key)
+        pipe.execute_command("WAIT", replicas, timeout_ms)
+        *_, marked, acked = pipe.execute(raise_on_error=False)
+        if not isinstance(marked, Exception):
+            return int(acked)
+        if not (isinstance(marked, redis.exceptions.AskError) and isinstance(client, RedisCluster)):
+            raise marked
+        learn_redirect(client, marked)  # a MOVED updates the slot map; an ASK does not
+        target = client.get_node(host=marked.host, port=int(marked.port))
+        if target is None:
+            client.nodes_manager.initialize()
+            target = client.get_node(host=marked.host, port=int(marked.port))
+        node = client.get_redis_connection(target)
+    raise redis.exceptions.TryAgainError("the slot kept moving while waiting for replicas")
 
 
 def connect_async(url: str | None = None, **options: Any) -> Any:
@@ -204,3 +229,8 @@ def translated(where: str) -> Iterator[None]:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise ConnectionFailed(f"cannot reach Valkey/Redis at {where}: {exc}") from exc
+
+
+def slot_of(key: str) -> int:
+    """The cluster slot of ``key`` (its ``{hash tag}``), as every node computes it."""
+    return int(key_slot(key.encode()))

@@ -39,7 +39,7 @@ class Keys:
 
     __slots__ = (
         "queue", "prefix", "ring", "leases", "schedule", "wake", "dead", "completed",
-        "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence",
+        "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence", "acks",
     )
 
     def __init__(self, queue: str) -> None:
@@ -60,6 +60,7 @@ class Keys:
         self.epoch = p + "epoch"
         self.leader = p + "leader"
         self.fence = p + "fence"
+        self.acks = p + "acks"  # durability "sync": the write a WAIT for replicas rides on
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"

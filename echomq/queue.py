@@ -14,12 +14,20 @@ import redis
 from echomq import scripts
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
-from echomq.connection import DEFAULT_URL, client_from_url, describe, redact_url, translated
-from echomq.errors import InvalidName, InvalidSchedule, PayloadError
+from echomq.connection import (
+    DEFAULT_URL,
+    client_from_url,
+    describe,
+    redact_url,
+    translated,
+    wait_replicas,
+)
+from echomq.errors import InvalidName, InvalidSchedule, NotReplicated, PayloadError
 from echomq.job import STATES, Job
 from echomq.keys import DEFAULT_LANE, Keys, validate_job_id, validate_name
 
 ADMIT_BATCH = 500  # jobs per script call in add_many: bounds one script's run time
+REPLICA_WAIT_MS = 1000  # durability "sync": how long an admit waits for a replica's ack
 
 
 class Queue:
@@ -74,7 +82,7 @@ class Queue:
         [(script, keys, args)] = self._calls([spec])
         with translated(self.where):
             script(self.redis, keys, args)
-        self._sync_to_floor([spec])
+        self.after_admit([spec])
         return spec[0]
 
     def add_many(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[str]:
@@ -83,6 +91,16 @@ class Queue:
 
         Every job is validated before anything is sent, so a bad one admits none.
         """
+        specs = self.specs(jobs)
+        if specs:
+            with translated(self.where):
+                scripts.execute(self.redis, self._calls(specs))
+            self.after_admit(specs)
+        return [s[0] for s in specs]
+
+    def specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
+              ) -> list[tuple[str, list[Any], int | None]]:
+        """Validate jobs given as :meth:`add_many` takes them (nothing is sent)."""
         specs = []
         for item in jobs:
             if isinstance(item, Mapping):
@@ -101,11 +119,24 @@ class Queue:
             specs.append(self._spec(name, payload, opts.get("lane"), opts.get("delay"),
                                     opts.get("run_at"), opts.get("job_id"),
                                     opts.get("max_attempts"), opts.get("backoff")))
-        if specs:
-            with translated(self.where):
-                scripts.execute(self.redis, self._calls(specs))
-            self._sync_to_floor(specs)
-        return [s[0] for s in specs]
+        return specs
+
+    def after_admit(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> None:
+        """Durability "sync": the admits are on a replica and deferred jobs on the floor."""
+        self._replicate()
+        self._sync_to_floor(specs)
+
+    def _replicate(self) -> None:
+        """Durability "sync": ``WAIT 1`` on the queue's node, where it has a replica, so an
+        acknowledged admit survives that node's failover. Raises NotReplicated when no
+        replica confirmed within ``REPLICA_WAIT_MS``: the job may or may not survive one."""
+        if self.settings.durability != "sync":
+            return
+        with translated(self.where):
+            acked = wait_replicas(self.redis, self.keys.acks, 1, REPLICA_WAIT_MS)
+        if acked == 0:
+            raise NotReplicated(f"queue {self.name}: no replica confirmed the admit within "
+                                f"{REPLICA_WAIT_MS} ms at {self.where}")
 
     def _sync_to_floor(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> None:
         """Durability "sync": deferred jobs are on the floor before add() returns."""
@@ -167,6 +198,11 @@ class Queue:
                 f"{self.settings.max_payload_bytes} bytes (QueueSettings.max_payload_bytes)"
             )
         return text
+
+    def calls(self, specs: Sequence[tuple[str, list[Any], int | None]]
+              ) -> list[tuple[scripts.LuaScript, list[str], list[Any]]]:
+        """The script calls that admit validated jobs (see :meth:`specs`)."""
+        return self._calls(specs)
 
     def _calls(self, specs: Sequence[tuple[str, list[Any], int | None]]
                ) -> list[tuple[scripts.LuaScript, list[str], list[Any]]]:
