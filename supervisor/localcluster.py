@@ -9,12 +9,14 @@ ships beside the server binary) assigns the slots and pairs the replicas.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
-from echomq.supervisor.localredis import LocalRedis, free_port, server_binary
+from echomq.supervisor.localredis import LocalRedis, server_binary
+from redis.crc import key_slot
 
 NODE_TIMEOUT_MS = 1000  # how long a master may be silent before its replica takes over
 
@@ -30,6 +32,20 @@ def cli_binary() -> str | None:
     return shutil.which("valkey-cli") or shutil.which("redis-cli")
 
 
+def distinct_ports(count: int) -> list[int]:
+    """``count`` free loopback ports, all different (held open together while picked)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 class LocalCluster:
     """``masters`` masters, each with ``replicas`` replicas, all on free loopback ports."""
 
@@ -42,11 +58,13 @@ class LocalCluster:
         self.masters = masters
         self.replicas = replicas
         self.nodes: list[LocalRedis] = []
-        for _ in range(masters * (1 + replicas)):
+        count = masters * (1 + replicas)
+        ports = distinct_ports(2 * count)
+        for i in range(count):
             args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                     "--cluster-node-timeout", str(node_timeout_ms),
-                    "--cluster-port", str(free_port()), "--appendonly", "no")
-            self.nodes.append(LocalRedis(extra_args=args))
+                    "--cluster-port", str(ports[count + i]), "--appendonly", "no")
+            self.nodes.append(LocalRedis(ports[i], extra_args=args))
 
     @property
     def url(self) -> str:
@@ -111,16 +129,19 @@ class LocalCluster:
 
     def master_of(self, key: str) -> LocalRedis:
         """The live node that owns ``key``'s slot now."""
+        return self.owner(key_slot(key.encode()))
+
+    def owner(self, slot: int) -> LocalRedis:
+        """The live master that owns ``slot`` now."""
         c = self.client(self.alive()[0])
         try:
-            slot = int(c.execute_command("CLUSTER", "KEYSLOT", key))
             for start, end, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
                 if start <= slot <= end:
                     port = int(primary[1])
                     return next(n for n in self.nodes if n.port == port)
         finally:
             c.close()
-        raise LookupError(f"no node serves the slot of {key!r}")
+        raise LookupError(f"no node serves slot {slot}")
 
     def replica_of(self, master: LocalRedis) -> LocalRedis:
         c = self.client(master)
@@ -134,3 +155,55 @@ class LocalCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+    def node_id(self, node: LocalRedis) -> str:
+        c = self.client(node)
+        try:
+            return str(c.execute_command("CLUSTER", "MYID").decode())
+        finally:
+            c.close()
+
+    def move_slot(self, slot: int, target: LocalRedis) -> int:
+        """Move ``slot`` with its keys to ``target`` (a master); returns the keys moved.
+
+        The steps of ``valkey-cli --cluster reshard``: SETSLOT IMPORTING on the target,
+        MIGRATING on the source, MIGRATE, SETSLOT NODE everywhere. The MIGRATING mark and
+        one MIGRATE of every key of the slot are sent in one write, so the source runs
+        them back to back: a script of the slot does not run between them, where it could
+        meet a key already moved midway and stop with its earlier writes kept. Keys made
+        in between (rare) are moved by a second MIGRATE. Between the MIGRATE and the
+        SETSLOT NODE the source answers ASK and the target serves ASKING clients.
+        """
+        source = self.owner(slot)
+        if source is target:
+            return 0
+        src_id, tgt_id = self.node_id(source), self.node_id(target)
+        tgt, src = self.client(target), self.client(source)
+        moved = 0
+        try:
+            tgt.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1_000_000)
+            pipe = src.pipeline(transaction=False)
+            pipe.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", tgt_id)
+            if keys:
+                pipe.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 10_000,
+                                     "KEYS", *keys)
+            pipe.execute()
+            moved += len(keys)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000):
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 10_000,
+                                    "KEYS", *keys)
+                moved += len(keys)
+            for node in (target, source, *[n for n in self.alive()
+                                            if n is not target and n is not source]):
+                c = self.client(node)
+                try:
+                    c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tgt_id)
+                except redis.exceptions.ResponseError:
+                    pass  # a replica learns the new owner from its master
+                finally:
+                    c.close()
+            return moved
+        finally:
+            tgt.close()
+            src.close()
