@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -36,6 +36,7 @@ NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutErro
                   redis.exceptions.RedisClusterException)
 
 Client = redis.Redis | RedisCluster
+T = TypeVar("T")
 _cluster_urls: dict[str, bool] = {}  # detection result per URL, once per process
 REPLICAS_RECHECK_S = 5.0
 _replicas_seen: dict[tuple[Any, Any, Any], tuple[float, int]] = {}  # node -> (until, count)
@@ -125,10 +126,26 @@ def is_cluster(client: object) -> bool:
 
 
 def node_client(client: Client, key: str) -> redis.Redis:
-    """The single-node client that serves ``key``: the client itself on one server."""
+    """The single-node client that serves ``key``: the client itself on one server.
+
+    It does not follow redirects nor re-read the slot map on its own: call it through
+    :func:`on_node`, or :func:`refresh` after a failure.
+    """
     if isinstance(client, RedisCluster):
         return client.get_redis_connection(client.get_node_from_key(key))
     return client
+
+
+def on_node(client: Client, key: str, call: Callable[[redis.Redis], T]) -> T:
+    """``call`` the node serving ``key``; when that node cannot be reached (a failover),
+    re-read the slot map before raising, so the caller's next try finds the new master."""
+    try:
+        return call(node_client(client, key))
+    except NETWORK_ERRORS:
+        if isinstance(client, RedisCluster):
+            with contextlib.suppress(*NETWORK_ERRORS):
+                refresh(client)
+        raise
 
 
 def blocking_connection(client: Client, key: str, socket_timeout: float,
@@ -164,6 +181,11 @@ def pools(client: Client) -> list[Any]:
 
 
 def wait_replicas(client: Client, key: str, replicas: int, timeout_ms: int) -> int | None:
+    """See :func:`_wait_replicas`; a lost node makes the slot map be read again."""
+    return on_node(client, key, lambda _: _wait_replicas(client, key, replicas, timeout_ms))
+
+
+def _wait_replicas(client: Client, key: str, replicas: int, timeout_ms: int) -> int | None:
     """How many replicas of the node owning ``key`` hold every write made there so far,
     waiting up to ``timeout_ms`` for ``replicas`` of them (``WAIT``). None when that
     node has no replica (WAIT would block its whole timeout for nothing); that is looked
@@ -227,7 +249,9 @@ def translated(where: str) -> Iterator[None]:
     """Turn redis-py connection and timeout errors into ConnectionFailed naming ``where``."""
     try:
         yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+            redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+            redis.exceptions.RedisClusterException) as exc:
         raise ConnectionFailed(f"cannot reach Valkey/Redis at {where}: {exc}") from exc
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import redis
 import redis.exceptions
 
-from echomq.connection import node_client
+from echomq.connection import on_node
 from echomq.keys import Keys
 
 Arg = str | int | float | bytes
@@ -58,8 +58,10 @@ class LuaScript:
 
     def load(self, client: redis.Redis, key: str | None = None) -> None:
         """SCRIPT LOAD on the node owning ``key``'s slot (every primary when no key)."""
-        target = node_client(client, key) if key is not None else client
-        target.script_load(self.source)
+        if key is None:
+            client.script_load(self.source)
+        else:
+            on_node(client, key, lambda node: node.script_load(self.source))
 
     def queue(self, pipe: redis.client.Pipeline, keys: Sequence[str], args: Sequence[Arg]) -> None:
         """Add a call to a pipeline; see :func:`execute` for the NOSCRIPT handling.

@@ -38,9 +38,10 @@ class Doorbell:
         self.conn: Any = blocking_connection(client, wake_key, self.beat_s + BLOCK_GRACE_S)
         self.client_id: int | None = None
         self.armed_at: float | None = None
-        self.redirect: tuple[str, int] | None = None  # where a MOVED/ASK reply pointed
-        self.asking = False  # the redirect was an ASK: send ASKING before the next call
+        self.redirect: tuple[str, int, bool] | None = None  # where MOVED/ASK pointed, ASK?
+        self.asking = False  # this connection follows an ASK: send ASKING before each call
         self.lost = False  # the connection failed: re-read the slot map before reconnecting
+        self.failed: BaseException | None = None  # seen by buffered(), raised by collect()
 
     @property
     def armed(self) -> bool:
@@ -68,9 +69,11 @@ class Doorbell:
         if self.lost:
             refresh(self.client)
             self.lost = False
+        address = self.redirect[:2] if self.redirect else None
+        self.asking = bool(self.redirect and self.redirect[2])
         self.conn = blocking_connection(self.client, self.wake_key, self.beat_s + BLOCK_GRACE_S,
-                                        self.redirect)
-        self.redirect = None  # one call only: afterwards the slot map decides again
+                                        address)
+        self.redirect = None  # one connection only: afterwards the slot map decides again
 
     def fileno(self) -> int:
         """The socket to select on while armed."""
@@ -81,10 +84,23 @@ class Doorbell:
 
     def buffered(self) -> bool:
         """True when a reply is already in the parser's buffer (select would not see it)."""
-        return self.armed_at is not None and bool(self.conn._parser.can_read(0))
+        if self.armed_at is None:
+            return False
+        try:
+            return bool(self.conn._parser.can_read(0))
+        except (redis.exceptions.ConnectionError, OSError) as exc:
+            self.failed = exc  # collect() raises it, so the owner's error path handles it
+            return True
 
     def collect(self) -> bool:
         """Read the BLPOP reply (call when readable): True for a token, False for a timeout."""
+        if self.armed_at is None and self.failed is None:
+            return False  # cancelled since the socket was seen readable: nothing to read
+        if self.failed is not None:
+            exc, self.failed = self.failed, None
+            self.reset()
+            self.lost = True
+            raise redis.exceptions.ConnectionError(str(exc)) from exc
         try:
             reply = self.conn.read_response()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
@@ -94,7 +110,8 @@ class Doorbell:
         except (redis.exceptions.AskError, redis.exceptions.ClusterDownError,
                 redis.exceptions.TryAgainError) as exc:
             self._redirected(exc)
-            return False
+            # as a lost connection: the owner unregisters the closed socket and re-arms
+            raise redis.exceptions.ConnectionError(f"wake key served elsewhere: {exc}") from exc
         self.armed_at = None
         return reply is not None
 
@@ -102,8 +119,8 @@ class Doorbell:
         """The slot is served elsewhere (MOVED), is moving (ASK) or has no master yet."""
         self.reset()
         if isinstance(exc, redis.exceptions.AskError):  # MovedError is an AskError too
-            self.redirect = (exc.host, int(exc.port))
-            self.asking = not isinstance(exc, redis.exceptions.MovedError)
+            asking = not isinstance(exc, redis.exceptions.MovedError)
+            self.redirect = (exc.host, int(exc.port), asking)
             learn_redirect(self.client, exc)
         else:
             self.lost = True
@@ -157,7 +174,7 @@ class Doorbell:
         """Drop the connection; the next arm() reconnects and sends a fresh call."""
         self.armed_at = None
         self.client_id = None
-        self.asking = False
+        self.failed = None
         try:
             self.conn.disconnect()
         except OSError:
