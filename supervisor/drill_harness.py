@@ -36,6 +36,7 @@ from typing import Any
 
 import psutil
 from echomq.supervisor.drill_handler import LEDGER_ENV, NOTIFY_ENV, open_ledger
+from echomq.supervisor.localcluster import LocalCluster
 from echomq.supervisor.localredis import LocalRedis
 
 from echomq.errors import EchoMQError, FloorError
@@ -87,10 +88,11 @@ class Producer(threading.Thread):
     """Admits the plan in paced batches; retries a batch (admit is idempotent per id) while
     the server is unreachable, and records when each job's admit returned."""
 
-    def __init__(self, redis_url: str, queue: str, plan: list[JobPlan]) -> None:
+    def __init__(self, redis_url: str, queue: str, plan: list[JobPlan],
+                 durability: str | None = None) -> None:
         super().__init__(name="drill-producer", daemon=True)
         self.queue = Queue(queue, redis_url=redis_url, max_attempts=MAX_ATTEMPTS,
-                           max_stalls=MAX_STALLS)
+                           max_stalls=MAX_STALLS, durability=durability)
         self.plan = plan
         self._admitted_at: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -339,7 +341,9 @@ class Harness:
         self.obs = Observation(scenario=scenario, floor=floor_url.split(":", 1)[0].split("+")[0],
                                queue=self.queue, seed=self.seed, plan=self.plan,
                                workdir=str(self.workdir))
-        self.redis = LocalRedis(workdir=str(self.workdir / "redis"))
+        # a cluster drill runs on a 3-master, 3-replica cluster; the others on one server
+        self.cluster = LocalCluster() if scenario.startswith("cluster") else None
+        self.redis: Any = self.cluster or LocalRedis(workdir=str(self.workdir / "redis"))
         self.supervisors: list[SupervisorProc] = []
         self.doorbell: Doorbell | None = None
         self.ledger: Ledger | None = None
@@ -410,7 +414,9 @@ class Harness:
         return self.supervisors[-1]
 
     def start_producer(self) -> Producer:
-        self.producer = Producer(self.redis.url, self.queue, self.plan)
+        # on a cluster, admits wait for a replica (durability "sync"): a failover loses none
+        self.producer = Producer(self.redis.url, self.queue, self.plan,
+                                 "sync" if self.cluster is not None else None)
         self.producer.start()
         return self.producer
 

@@ -67,6 +67,10 @@ class LocalCluster:
             self.nodes.append(LocalRedis(ports[i], extra_args=args))
 
     @property
+    def workdir(self) -> str:
+        return self.nodes[0].workdir
+
+    @property
     def url(self) -> str:
         """A URL naming one node: a cluster client discovers the rest."""
         return self.nodes[0].url
