@@ -357,6 +357,8 @@ class Harness:
         try:
             Path(self.redis.workdir).mkdir(parents=True, exist_ok=True)
             self.redis.start()
+            if self.cluster is not None:  # the drill kills this queue's master
+                self.cluster.enter_away_from(f"emq:{{{self.queue}}}:wake")
             self.ledger = Ledger(self.workdir / "ledger.db")
             self.doorbell = Doorbell(self.workdir / "notify.sock")
             self.migrate()

@@ -58,6 +58,7 @@ class LocalCluster:
         self.masters = masters
         self.replicas = replicas
         self.nodes: list[LocalRedis] = []
+        self.entry: LocalRedis
         count = masters * (1 + replicas)
         ports = distinct_ports(2 * count)
         for i in range(count):
@@ -65,6 +66,7 @@ class LocalCluster:
                     "--cluster-node-timeout", str(node_timeout_ms),
                     "--cluster-port", str(ports[count + i]), "--appendonly", "no")
             self.nodes.append(LocalRedis(ports[i], extra_args=args))
+        self.entry = self.nodes[0]
 
     @property
     def workdir(self) -> str:
@@ -72,8 +74,14 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        """A URL naming one node: a cluster client discovers the rest."""
-        return self.nodes[0].url
+        """A URL naming one node (see :meth:`enter_away_from`): a client discovers the rest."""
+        return self.entry.url
+
+    def enter_away_from(self, key: str) -> None:
+        """Make :attr:`url` name a live node other than the master of ``key``, so clients
+        made after that master is killed still find the cluster through it."""
+        owner = self.master_of(key)
+        self.entry = next(n for n in self.alive() if n is not owner)
 
     def start(self, timeout: float = 60.0) -> LocalCluster:
         """Start every node, create the cluster and return once every node agrees it is ok."""
