@@ -23,7 +23,7 @@ from typing import Any
 import redis
 import redis.exceptions
 
-from echomq.connection import on_node
+from echomq.connection import is_cluster, learn_redirect, node_client, on_node
 from echomq.keys import Keys
 
 Arg = str | int | float | bytes
@@ -64,12 +64,7 @@ class LuaScript:
             on_node(client, key, lambda node: node.script_load(self.source))
 
     def queue(self, pipe: redis.client.Pipeline, keys: Sequence[str], args: Sequence[Arg]) -> None:
-        """Add a call to a pipeline; see :func:`execute` for the NOSCRIPT handling.
-
-        ``execute_command``, not ``evalsha``: redis-py's cluster pipeline blocks the
-        ``evalsha`` method (scripts of several slots in one pipeline would be unsafe),
-        but every call of one queue shares its slot, so the pipeline goes to one node.
-        """
+        """Add a call to a pipeline; see :func:`execute` for the NOSCRIPT handling."""
         pipe.execute_command("EVALSHA", self.sha, self.num_keys, *keys, *args)
 
 
@@ -101,13 +96,46 @@ def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
     """Run script calls in one pipeline (one round trip), reloading on NOSCRIPT.
 
     A call refused with NOSCRIPT did not run, so it is re-run alone after loading.
+    On a cluster the calls go in one plain pipeline per node (redis-py's cluster
+    pipeline would ask the server for the keys of every EVALSHA first: a round trip
+    each); a call refused with MOVED, ASK, TRYAGAIN or CLUSTERDOWN did not run either,
+    and is re-run alone through the cluster client, which follows the redirect.
     """
-    pipe = client.pipeline(transaction=False)
-    for script, keys, args in calls:
-        script.queue(pipe, keys, args)
-    results = pipe.execute(raise_on_error=False)
+    if not is_cluster(client):
+        pipe = client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            script.queue(pipe, keys, args)
+        return _settle(client, calls, pipe.execute(raise_on_error=False))
+    groups: dict[int, tuple[redis.Redis, list[int]]] = {}
+    for i, (_, keys, _) in enumerate(calls):
+        node = node_client(client, keys[0])
+        groups.setdefault(id(node), (node, []))[1].append(i)
+    results: list[Any] = [None] * len(calls)
+    for node, indexes in groups.values():
+
+        def send(node: redis.Redis, indexes: list[int] = indexes) -> list[Any]:
+            pipe = node.pipeline(transaction=False)
+            for i in indexes:
+                script, keys, args = calls[i]
+                script.queue(pipe, keys, args)
+            return list(pipe.execute(raise_on_error=False))
+
+        for i, result in zip(indexes, on_node(client, calls[indexes[0]][1][0], send),
+                             strict=True):
+            results[i] = result
+    return _settle(client, calls, results)
+
+
+REDIRECTED = (redis.exceptions.NoScriptError, redis.exceptions.AskError,
+              redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
+
+
+def _settle(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]],
+            results: list[Any]) -> list[Any]:
+    """Re-run alone each call that did not run (NOSCRIPT, a redirect); raise other errors."""
     for i, result in enumerate(results):
-        if isinstance(result, redis.exceptions.NoScriptError):
+        if isinstance(result, REDIRECTED):
+            learn_redirect(client, result)
             script, keys, args = calls[i]
             results[i] = script(client, keys, args)
         elif isinstance(result, Exception):
