@@ -1,14 +1,4 @@
-"""Every Valkey/Redis client is made here: one server or a cluster, from a URL.
-
-``connect(url)`` returns a ``redis.Redis`` for a single server and a
-``redis.cluster.RedisCluster`` for a cluster node (detected from ``INFO cluster``
-on connect, or forced with ``ECHOMQ_CLUSTER=1``; ``ECHOMQ_CLUSTER=0`` forbids it).
-Every key of a queue shares the ``{queue}`` hash tag, so each call the library
-makes touches one slot and a cluster client routes it to the node that owns it.
-
-Blocking calls (a queue's BLPOP) get a connection of their own, made by
-:func:`blocking_connection` on the node that owns the queue's slot.
-"""
+"""Redis connections: build clients from URLs, redact passwords, translate errors."""
 
 from __future__ import annotations
 
@@ -27,19 +17,8 @@ from redis.crc import key_slot
 from echomq.errors import ConnectionFailed
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-CLUSTER_ENV = "ECHOMQ_CLUSTER"
-# what an unreachable, stalled or restarting server raises: retry later, never crash.
-# A cluster adds its own: no master for a slot during a failover (CLUSTERDOWN), a slot
-# being moved (TRYAGAIN past the client's retries), a topology not yet known.
-NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
-                  redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
-                  redis.exceptions.RedisClusterException)
-
-Client = redis.Redis | RedisCluster
-T = TypeVar("T")
-_cluster_urls: dict[str, bool] = {}  # detection result per URL, once per process
-REPLICAS_RECHECK_S = 5.0
-_replicas_seen: dict[tuple[Any, Any, Any], tuple[float, int]] = {}  # node -> (until, count)
+# what an unreachable, stalled or restarting server raises: retry later, never crash
+NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 def redact_url(url: str) -> str:
@@ -71,28 +50,58 @@ def describe(client: Client) -> str:
     return f"redis://{password}{host}:{port}/{db}"
 
 
-def connect(url: str | None = None, **options: Any) -> Client:
-    """The client for ``url``: a ``RedisCluster`` when it names a cluster node, else a
-    ``redis.Redis``. Options go to the connection pool(s)."""
-    url = url or DEFAULT_URL
+def client_from_url(url: str, **options: Any) -> redis.Redis:
+    """A redis-py client for ``url``; options go to the connection pool."""
     options.setdefault("socket_connect_timeout", 5.0)
     options.setdefault("socket_timeout", 10.0)
     options.setdefault("health_check_interval", 0)
     try:
-        if not cluster_mode(url, options["socket_connect_timeout"]):
-            return redis.Redis.from_url(url, **options)
-        return RedisCluster.from_url(_cluster_url(url), **options)
+        if cluster_mode(url, options):
+            return _cluster_client(url, options)  # type: ignore[return-value]
+        return redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
+
+
+# --- Valkey/Redis Cluster ------------------------------------------------------------
+#
+# ``connect(url)`` (``client_from_url``) returns a ``redis.cluster.RedisCluster`` when the
+# URL names a cluster node: detected from ``INFO cluster`` once per URL and process, forced
+# with ``ECHOMQ_CLUSTER=1``, forbidden with ``ECHOMQ_CLUSTER=0``. Every key of a queue
+# shares the ``{queue}`` hash tag, so each call the library makes touches one slot and a
+# cluster client routes it to the node that owns it. Blocking calls (a queue's BLPOP, a
+# result waiter) get a connection of their own from :func:`blocking_connection`, to the
+# node that owns the queue's slot.
+
+CLUSTER_ENV = "ECHOMQ_CLUSTER"
+# a cluster's own retry-later errors: no master for a slot during a failover
+# (CLUSTERDOWN), a slot being moved (TRYAGAIN past the client's retries), no topology yet
+CLUSTER_ERRORS = (redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+                  redis.exceptions.RedisClusterException)
+NETWORK_ERRORS = (*NETWORK_ERRORS, *CLUSTER_ERRORS)  # type: ignore[assignment]
+Client = redis.Redis | RedisCluster
+T = TypeVar("T")
+_cluster_urls: dict[str, bool] = {}  # detection result per URL, once per process
+REPLICAS_RECHECK_S = 5.0
+_replicas_seen: dict[tuple[Any, Any, Any], tuple[float, int]] = {}  # node -> (until, count)
+
+
+def connect(url: str | None = None, **options: Any) -> Client:
+    """The client for ``url`` (default ``DEFAULT_URL``): a ``RedisCluster`` when it names a
+    cluster node, else a ``redis.Redis``. Options go to the connection pool(s)."""
+    return client_from_url(url or DEFAULT_URL, **options)
+
+
+def _cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
+    try:
+        return RedisCluster.from_url(_cluster_url(url), **options)
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise ConnectionFailed(f"cannot reach the cluster at {redact_url(url)}: {exc}") from exc
 
 
-client_from_url = connect  # the name the first callers used
-
-
-def cluster_mode(url: str, timeout: float = 5.0) -> bool:
-    """Whether ``url`` names a cluster node: ``ECHOMQ_CLUSTER`` if set, else ``INFO cluster``.
+def cluster_mode(url: str, options: dict[str, Any] | None = None) -> bool:
+    """Whether ``url`` names a cluster node: ``ECHOMQ_CLUSTER`` if set, else ``INFO cluster``
+    (asked with the client's ``options``: timeouts, TLS files).
 
     A server that cannot be reached now is taken for a single server (and asked again
     next time); set ``ECHOMQ_CLUSTER=1`` where a cluster must be assumed from the start.
@@ -100,9 +109,13 @@ def cluster_mode(url: str, timeout: float = 5.0) -> bool:
     forced = os.environ.get(CLUSTER_ENV, "").strip()
     if forced in ("1", "0"):
         return forced == "1"
+    if url.partition("://")[0].lower() not in ("redis", "rediss"):
+        return False  # a unix socket or a Sentinel URL names no cluster node
     if url in _cluster_urls:
         return _cluster_urls[url]
-    probe = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    probe_options = {k: v for k, v in (options or {}).items()
+                     if k.startswith(("socket_", "ssl_", "username", "password"))}
+    probe = redis.Redis.from_url(url, **probe_options)
     try:
         enabled = str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
     except redis.exceptions.RedisError:
@@ -237,7 +250,7 @@ def connect_async(url: str | None = None, **options: Any) -> Any:
     options.setdefault("socket_connect_timeout", 5.0)
     options.setdefault("socket_timeout", 10.0)
     try:
-        if cluster_mode(url, options["socket_connect_timeout"]):
+        if cluster_mode(url, options):
             return redis.asyncio.cluster.RedisCluster.from_url(_cluster_url(url), **options)
         return redis.asyncio.Redis.from_url(url, **options)
     except ValueError as exc:
@@ -250,8 +263,7 @@ def translated(where: str) -> Iterator[None]:
     try:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-            redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
-            redis.exceptions.RedisClusterException) as exc:
+            *CLUSTER_ERRORS) as exc:
         raise ConnectionFailed(f"cannot reach Valkey/Redis at {where}: {exc}") from exc
 
 
