@@ -178,20 +178,28 @@ class LocalCluster:
     def move_slot(self, slot: int, target: LocalRedis) -> int:
         """Move ``slot`` with its keys to ``target`` (a master); returns the keys moved.
 
-        The steps of ``valkey-cli --cluster reshard``: SETSLOT IMPORTING on the target,
-        MIGRATING on the source, MIGRATE, SETSLOT NODE everywhere. The MIGRATING mark and
-        one MIGRATE of every key of the slot are sent in one write, so the source runs
-        them back to back: a script of the slot does not run between them, where it could
-        meet a key already moved midway and stop with its earlier writes kept. Keys made
-        in between (rare) are moved by a second MIGRATE. Between the MIGRATE and the
-        SETSLOT NODE the source answers ASK and the target serves ASKING clients.
+        The steps of ``valkey-cli --cluster reshard``: :meth:`begin_move` (SETSLOT
+        IMPORTING on the target, MIGRATING on the source, MIGRATE), then
+        :meth:`finish_move` (SETSLOT NODE everywhere).
+        """
+        if self.owner(slot) is target:
+            return 0
+        moved = self.begin_move(slot, target)
+        self.finish_move(slot, target)
+        return moved
+
+    def begin_move(self, slot: int, target: LocalRedis) -> int:
+        """Mark ``slot`` moving to ``target`` and move its keys there; returns how many.
+
+        The MIGRATING mark and one MIGRATE of every key of the slot are sent in one write,
+        so the source runs them back to back: a script of the slot does not run between
+        them, where it could meet a key already moved midway and stop with its earlier
+        writes kept. Keys made in between (rare) are moved by a second MIGRATE. Until
+        :meth:`finish_move` the source answers ASK and the target serves ASKING clients.
         """
         source = self.owner(slot)
-        if source is target:
-            return 0
         src_id, tgt_id = self.node_id(source), self.node_id(target)
         tgt, src = self.client(target), self.client(source)
-        moved = 0
         try:
             tgt.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
             keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1_000_000)
@@ -201,21 +209,24 @@ class LocalCluster:
                 pipe.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 10_000,
                                      "KEYS", *keys)
             pipe.execute()
-            moved += len(keys)
+            moved = len(keys)
             while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000):
                 src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 10_000,
                                     "KEYS", *keys)
                 moved += len(keys)
-            for node in (target, source, *[n for n in self.alive()
-                                            if n is not target and n is not source]):
-                c = self.client(node)
-                try:
-                    c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tgt_id)
-                except redis.exceptions.ResponseError:
-                    pass  # a replica learns the new owner from its master
-                finally:
-                    c.close()
             return moved
         finally:
             tgt.close()
             src.close()
+
+    def finish_move(self, slot: int, target: LocalRedis) -> None:
+        """Assign ``slot`` to ``target`` on every master (the target first)."""
+        tgt_id = self.node_id(target)
+        for node in sorted(self.alive(), key=lambda n: n is not target):
+            c = self.client(node)
+            try:
+                c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tgt_id)
+            except redis.exceptions.ResponseError:
+                pass  # a replica learns the new owner from its master
+            finally:
+                c.close()

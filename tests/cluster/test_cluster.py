@@ -146,7 +146,15 @@ def test_slot_migration_while_draining_loses_nothing_and_runs_nothing_twice(
     source = cluster.owner(slot)
     target = next(n for n in (cluster.owner(0), cluster.owner(16383), cluster.owner(8000))
                   if n is not source)
-    assert cluster.move_slot(slot, target) > 0
+    assert cluster.begin_move(slot, target) > 0
+    # the slot is still the source's, which holds none of its keys now: a read is
+    # answered with ASK and served by the target
+    src = cluster.client(source)
+    assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    assert cluster.owner(slot) is source
+    job = q.get(ids[-1])
+    assert job is not None and job.state == "waiting"
+    cluster.finish_move(slot, target)
     moved.set()
     assert cluster.owner(slot) is target
     q.add_many([("late", {"i": i}, {"job_id": f"late-{i}"}) for i in range(20)])
