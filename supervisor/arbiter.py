@@ -467,6 +467,7 @@ class Arbiter:
         rt.metronome.doorbell.conn._sock = None
 
     def _queue_down(self, rt: QueueRuntime, now: float, exc: BaseException) -> None:
+        self._unregister_doorbell(rt)  # its socket closes now: its fd may be reused at once
         rt.metronome.doorbell.reset()
         rt.failures += 1
         delay = min(5.0, 0.1 * 2 ** min(rt.failures, 6))
