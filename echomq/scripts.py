@@ -65,7 +65,7 @@ class LuaScript:
 
     def queue(self, pipe: redis.client.Pipeline, keys: Sequence[str], args: Sequence[Arg]) -> None:
         """Add a call to a pipeline; see :func:`execute` for the NOSCRIPT handling."""
-        pipe.execute_command("EVALSHA", self.sha, self.num_keys, *keys, *args)
+        pipe.evalsha(self.sha, self.num_keys, *keys, *args)
 
 
 ADMIT = LuaScript("admit", 2)
@@ -126,7 +126,7 @@ def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
     return _settle(client, calls, results)
 
 
-REDIRECTED = (redis.exceptions.NoScriptError, redis.exceptions.AskError,
+NOT_RUN = (redis.exceptions.NoScriptError, redis.exceptions.AskError,
               redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
 
 
@@ -134,7 +134,7 @@ def _settle(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
             results: list[Any]) -> list[Any]:
     """Re-run alone each call that did not run (NOSCRIPT, a redirect); raise other errors."""
     for i, result in enumerate(results):
-        if isinstance(result, REDIRECTED):
+        if isinstance(result, NOT_RUN):
             learn_redirect(client, result)
             script, keys, args = calls[i]
             results[i] = script(client, keys, args)
