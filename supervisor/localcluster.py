@@ -84,14 +84,19 @@ class LocalCluster:
         self.entry = next(n for n in self.alive() if n is not owner)
 
     def start(self, timeout: float = 60.0) -> LocalCluster:
-        """Start every node, create the cluster and return once every node agrees it is ok."""
-        for node in self.nodes:
-            node.start()
-        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
-        subprocess.run([self.cli, "--cluster", "create", *addrs, "--cluster-replicas",
-                        str(self.replicas), "--cluster-yes"], check=True, timeout=timeout,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.wait_ok(timeout)
+        """Start every node, create the cluster and return once every node agrees it is ok.
+        On failure every node started is stopped again."""
+        try:
+            for node in self.nodes:
+                node.start()
+            addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+            subprocess.run([self.cli, "--cluster", "create", *addrs, "--cluster-replicas",
+                            str(self.replicas), "--cluster-yes"], check=True, timeout=timeout,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self.wait_ok(timeout)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def client(self, node: LocalRedis) -> redis.Redis:
