@@ -28,7 +28,26 @@ REPO = BENCH_DIR.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from echomq.supervisor.localredis import LocalRedis  # noqa: E402
+
+
+def _load_localredis() -> Any:
+    """echomq.supervisor.localredis; in the peers' virtualenvs (no EchoMQ installed), the
+    same file loaded by path: it needs only the standard library."""
+    try:
+        from echomq.supervisor import localredis
+        return localredis
+    except ImportError:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "echomq_bench_localredis", REPO / "supervisor" / "localredis.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+
+LocalRedis = _load_localredis().LocalRedis
 
 LAT_KEY = "bench:lat"  # handlers.record pushes one latency (seconds) per job here
 
@@ -156,7 +175,7 @@ def start_supervisor(url: str, queue: str, handler: str, processes: int, *,
 
 
 def start_consumer(url: str, queue: str, handler: str, *, burst: bool = False,
-                   beat_ms: int | None = None) -> Proc:
+                   beat_ms: int | None = None, doorbell: str | None = None) -> Proc:
     """One standalone ``echomq.Consumer(...).run()`` process (bench/consumer_proc.py)."""
     argv = [sys.executable, str(BENCH_DIR / "consumer_proc.py"), "--redis-url", url,
             "--queue", queue, "--handler", handler]
@@ -164,7 +183,18 @@ def start_consumer(url: str, queue: str, handler: str, *, burst: bool = False,
         argv.append("--burst")
     if beat_ms is not None:
         argv += ["--beat-ms", str(beat_ms)]
+    if doorbell is not None:
+        argv += ["--doorbell", doorbell]
     return Proc(argv, env={"BENCH_REDIS_URL": url}, tag="consumer")
+
+
+def doorbells(text: str) -> list[str]:
+    """The ``--doorbell`` option of the benchmarks: kinds to run side by side."""
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    for kind in kinds:
+        if kind not in ("list", "marker"):
+            raise SystemExit(f"--doorbell takes list, marker or list,marker; got {kind!r}")
+    return kinds
 
 
 # --- waiting and progress ---------------------------------------------------------------

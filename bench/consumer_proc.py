@@ -25,11 +25,12 @@ def main() -> int:
     ap.add_argument("--handler", default="handlers:noop")
     ap.add_argument("--burst", action="store_true")
     ap.add_argument("--beat-ms", type=int, default=None)
+    ap.add_argument("--doorbell", choices=("list", "marker"), default="list")
     args = ap.parse_args()
     module, _, attr = args.handler.partition(":")
     handler = getattr(importlib.import_module(module), attr)
     consumer = echomq.Consumer(args.queue, handler, redis_url=args.redis_url,
-                               beat_ms=args.beat_ms)
+                               beat_ms=args.beat_ms, doorbell=args.doorbell)
     signal.signal(signal.SIGTERM, lambda *_: consumer.stop())
     ran = consumer.run(burst=args.burst)
     print(f"ran {ran} jobs", flush=True)

@@ -25,17 +25,18 @@ import benchlib as bl
 import echomq
 
 
-def one_run(mode: str, processes: int, jobs: int, lo: float, hi: float, seed: int
-            ) -> dict[str, Any]:
+def one_run(mode: str, processes: int, jobs: int, lo: float, hi: float, seed: int,
+            doorbell: str = "list") -> dict[str, Any]:
     rng = random.Random(seed)
     with bl.private_redis() as server:
         r = bl.client(server.url)
         name = bl.unique_queue("delayed")
         q = echomq.Queue(name, redis_url=server.url)
         if mode == "standalone":
-            proc = bl.start_consumer(server.url, name, "handlers:record")
+            proc = bl.start_consumer(server.url, name, "handlers:record", doorbell=doorbell)
         else:
-            proc = bl.start_supervisor(server.url, name, "handlers:record", processes)
+            proc = bl.start_supervisor(server.url, name, "handlers:record", processes,
+                                       extra=["--doorbell", doorbell])
         try:
             q.add("warmup", {"t": time.time()})
             bl.collect_latencies(r, 1, 30, proc)
@@ -60,25 +61,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", default="1")
     ap.add_argument("--standalone", action="store_true", help="also a standalone Consumer")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--doorbell", default="list,marker",
+                    help="doorbell kinds, side by side: list, marker or list,marker")
     ap.add_argument("--json", metavar="FILE|-")
     args = ap.parse_args(argv)
     configs = [("supervisor", int(p)) for p in args.processes.split(",") if p]
     if args.standalone:
         configs.append(("standalone", 1))
+    kinds = bl.doorbells(args.doorbell)
+    plan = [(mode, procs, kind) for mode, procs in configs for kind in kinds]
     results = []
-    for mode, procs in configs:
-        runs = [one_run(mode, procs, args.jobs, args.min_s, args.max_s, seed)
+    for mode, procs, kind in plan:
+        runs = [one_run(mode, procs, args.jobs, args.min_s, args.max_s, seed, kind)
                 for seed in range(args.runs)]
-        results.append({"mode": mode, "processes": procs, "jobs": args.jobs,
+        results.append({"mode": mode, "processes": procs, "doorbell": kind, "jobs": args.jobs,
                         **{k: bl.summary([x[k] for x in runs])
                            for k in ("p50_ms", "p99_ms", "max_ms", "min_ms")}})
-        print(f"  {mode} ×{procs}: p50 {bl.fmt_range(results[-1]['p50_ms'], '{:.2f}')} ms",
+        print(f"  {mode} ×{procs} {kind}: p50 {bl.fmt_range(results[-1]['p50_ms'], '{:.2f}')} ms",
               file=sys.stderr)
     bl.print_table(
         f"EchoMQ delayed-job lateness (handler start − due), {args.jobs} jobs due in "
         f"{args.min_s:g}–{args.max_s:g} s, median (min–max) of {args.runs} run(s)",
-        ["consumer", "procs", "p50 ms", "p99 ms", "max ms", "min ms"],
-        [[x["mode"], x["processes"], *(bl.fmt_range(x[k], "{:.2f}")
+        ["consumer", "procs", "doorbell", "p50 ms", "p99 ms", "max ms", "min ms"],
+        [[x["mode"], x["processes"], x["doorbell"], *(bl.fmt_range(x[k], "{:.2f}")
                                       for k in ("p50_ms", "p99_ms", "max_ms", "min_ms"))]
          for x in results])
     bl.emit_json(args.json, {"bench": "delayed", "results": results})

@@ -30,3 +30,22 @@ def _redis() -> redis.Redis:
 def record(job: Any) -> None:
     started = time.time()
     _redis().rpush("bench:lat", f"{started - float(job.payload['t']):.6f}")
+
+
+async def io_async(job: Any) -> None:
+    """I/O-bound work: wait ``payload["s"]`` seconds (default 0.05) without blocking the loop;
+    a job named ``probe`` records its pickup latency instead."""
+    import asyncio
+
+    if job.name == "probe":
+        record(job)
+        return
+    await asyncio.sleep(float((job.payload or {}).get("s", 0.05)))
+
+
+def io_sync(job: Any) -> None:
+    """The blocking twin of :func:`io_async`, for a pool of threads."""
+    if job.name == "probe":
+        record(job)
+        return
+    time.sleep(float((job.payload or {}).get("s", 0.05)))  # the simulated I/O wait itself

@@ -25,16 +25,18 @@ import echomq
 OWN = ("config|resetstat", "config", "info")
 
 
-def one_run(mode: str, processes: int, seconds: float, beat_ms: int) -> dict[str, Any]:
+def one_run(mode: str, processes: int, seconds: float, beat_ms: int,
+            doorbell: str = "list") -> dict[str, Any]:
     with bl.private_redis() as server:
         r = bl.client(server.url)
         name = bl.unique_queue("idle")
         q = echomq.Queue(name, redis_url=server.url)
         if mode == "standalone":
-            proc = bl.start_consumer(server.url, name, "handlers:record", beat_ms=beat_ms)
+            proc = bl.start_consumer(server.url, name, "handlers:record", beat_ms=beat_ms,
+                                     doorbell=doorbell)
         else:
             proc = bl.start_supervisor(server.url, name, "handlers:record", processes,
-                                       beat_ms=beat_ms)
+                                       beat_ms=beat_ms, extra=["--doorbell", doorbell])
         try:
             q.add("warmup", {"t": time.time()})
             bl.collect_latencies(r, 1, 30, proc)
@@ -62,25 +64,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", default="1,4,8")
     ap.add_argument("--no-standalone", action="store_true")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--doorbell", default="list,marker",
+                    help="doorbell kinds, side by side: list, marker or list,marker")
     ap.add_argument("--json", metavar="FILE|-")
     args = ap.parse_args(argv)
     configs = [("supervisor", int(p)) for p in args.processes.split(",") if p]
     if not args.no_standalone:
         configs.append(("standalone", 1))
+    kinds = bl.doorbells(args.doorbell)
+    plan = [(mode, procs, kind) for mode, procs in configs for kind in kinds]
     results = []
-    for mode, procs in configs:
-        runs = [one_run(mode, procs, args.seconds, args.beat_ms) for _ in range(args.runs)]
-        results.append({"mode": mode, "processes": procs, "beat_ms": args.beat_ms,
+    for mode, procs, kind in plan:
+        runs = [one_run(mode, procs, args.seconds, args.beat_ms, kind) for _ in range(args.runs)]
+        results.append({"mode": mode, "processes": procs, "doorbell": kind,
+                        "beat_ms": args.beat_ms,
                         "per_s": bl.summary([x["per_s"] for x in runs]),
                         "by_command": runs[len(runs) // 2]["by_command"]})
-        print(f"  {mode} ×{procs}: {bl.fmt_range(results[-1]['per_s'], '{:.2f}')} cmd/s",
+        print(f"  {mode} ×{procs} {kind}: {bl.fmt_range(results[-1]['per_s'], '{:.2f}')} cmd/s",
               file=sys.stderr)
     bl.print_table(
         f"EchoMQ idle cost: Redis commands/s (INFO commandstats, scripts' inner calls "
         f"included), beat {args.beat_ms} ms, {args.seconds:g} s window, "
         f"median (min–max) of {args.runs} run(s)",
-        ["consumer", "procs", "commands/s", "by command (/s)"],
-        [[x["mode"], x["processes"], bl.fmt_range(x["per_s"], "{:.2f}"),
+        ["consumer", "procs", "doorbell", "commands/s", "by command (/s)"],
+        [[x["mode"], x["processes"], x["doorbell"], bl.fmt_range(x["per_s"], "{:.2f}"),
           " ".join(f"{k}={v:g}" for k, v in x["by_command"].items())] for x in results])
     bl.emit_json(args.json, {"bench": "idle", "results": results})
     return 0

@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+from echomq import aio
 from echomq.backoff import Backoff
 from echomq.bulk import add_many
 from echomq.config import QueueSettings
 from echomq.consumer import Consumer
+from echomq.control import Fail, Retry
 from echomq.errors import (
     ConfigError,
     ConnectionFailed,
@@ -21,6 +23,8 @@ from echomq.errors import (
     HandlerNotFound,
     InvalidName,
     InvalidSchedule,
+    JobFailed,
+    JobNotFound,
     MissingExtra,
     NotReplicated,
     PayloadError,
@@ -28,7 +32,9 @@ from echomq.errors import (
 )
 from echomq.job import STATES, Job
 from echomq.lanes import Lanes, Outcome
+from echomq.pools import configure
 from echomq.queue import Queue
+from echomq.task import Task, task
 
 __version__ = "0.1.0"
 
@@ -40,11 +46,14 @@ __all__ = [
     "Consumer",
     "CorruptJob",
     "EchoMQError",
+    "Fail",
     "FloorError",
     "FloorSchemaError",
     "HandlerNotFound",
     "InvalidName",
     "InvalidSchedule",
+    "JobFailed",
+    "JobNotFound",
     "MissingExtra",
     "Job",
     "Lanes",
@@ -53,6 +62,11 @@ __all__ = [
     "PayloadError",
     "Queue",
     "QueueSettings",
+    "Retry",
     "StaleLease",
+    "Task",
     "add_many",
+    "aio",
+    "configure",
+    "task",
 ]

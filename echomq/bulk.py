@@ -22,14 +22,18 @@ def add_many(jobs_by_queue: Mapping[str, Iterable[Sequence[Any] | Mapping[str, A
     """
     client = redis if redis is not None else connect(redis_url)
     queues = {name: Queue(name, redis=client, **settings) for name in jobs_by_queue}
-    specs = {name: queues[name].specs(jobs) for name, jobs in jobs_by_queue.items()}
+    planned = {name: queues[name].specs(jobs) for name, jobs in jobs_by_queue.items()}
+    specs = {name: plan[0] for name, plan in planned.items()}
     calls = []
     for name in sorted(specs, key=lambda n: slot_of(queues[n].keys.prefix)):
         calls += queues[name].calls(specs[name])
     if calls:
         with translated(describe(client)):
+            for name, queue in queues.items():
+                if specs[name]:
+                    queue.register()
             scripts.execute(client, calls)
     for name, queue in queues.items():
         if specs[name]:
-            queue.after_admit(specs[name])
+            queue.after_admit(specs[name], planned[name][1])
     return {name: [s[0] for s in specs[name]] for name in specs}

@@ -10,6 +10,7 @@ from echomq.backoff import Backoff
 from echomq.errors import ConfigError
 
 DURABILITIES = ("volatile", "folded", "sync")
+DOORBELLS = ("list", "marker")  # what consumers park on: BLPOP wake, or BZPOPMIN marker
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,13 @@ class QueueSettings:
 
     ``keep_completed`` bounds how many completed jobs keep their hash (0 drops
     them at once, None keeps all); ``keep_completed_s`` drops those older than
-    that many seconds. ``claim_batch`` is how many jobs one claim may lease.
+    that many seconds; ``keep_dead`` and ``keep_dead_s`` do the same for dead jobs
+    (trimmed by the supervisor's metronome). ``claim_batch`` is how many jobs one
+    claim may lease. ``admit_call_bytes`` bounds the payload bytes ``add_many`` sends
+    in one script call. ``doorbell`` is what consumers park on (``list`` or
+    ``marker``, see echomq.wake). ``concurrency`` is how many jobs a consumer runs at
+    once (coroutines for async handlers, threads for sync ones); ``job_timeout`` the
+    default per-job limit in seconds (a job's own ``timeout`` overrides it).
     """
 
     max_payload_bytes: int = 512 * 1024
@@ -32,6 +39,12 @@ class QueueSettings:
     keep_completed: int | None = 1000
     keep_completed_s: float | None = 24 * 3600.0
     durability: str | None = None
+    keep_dead: int | None = 10_000
+    keep_dead_s: float | None = 30 * 24 * 3600.0
+    admit_call_bytes: int = 8 * 1024 * 1024
+    doorbell: str = "list"
+    concurrency: int = 1
+    job_timeout: float | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -46,8 +59,17 @@ class QueueSettings:
              "keep_completed must be >= 0 or None"),
             (self.keep_completed_s is None or self.keep_completed_s >= 0,
              "keep_completed_s must be >= 0 or None"),
+            (self.keep_dead is None or self.keep_dead >= 0, "keep_dead must be >= 0 or None"),
+            (self.keep_dead_s is None or self.keep_dead_s >= 0,
+             "keep_dead_s must be >= 0 or None"),
+            (self.admit_call_bytes >= 1, "admit_call_bytes must be >= 1"),
+            (isinstance(self.concurrency, int) and 1 <= self.concurrency <= 10_000,
+             "concurrency must be an integer from 1 to 10000"),
+            (self.job_timeout is None or 0 < self.job_timeout < float("inf"),
+             "job_timeout must be a number of seconds > 0 or None"),
             (self.durability is None or self.durability in DURABILITIES,
              f"durability must be one of {', '.join(DURABILITIES)}"),
+            (self.doorbell in DOORBELLS, f"doorbell must be one of {', '.join(DOORBELLS)}"),
         )
         for ok, message in checks:
             if not ok:
@@ -69,4 +91,11 @@ class QueueSettings:
         """(keep_count, keep_age_ms) as the settle script takes them; -1 means no limit."""
         count = -1 if self.keep_completed is None else self.keep_completed
         age = -1 if self.keep_completed_s is None else int(self.keep_completed_s * 1000)
+        return count, age
+
+    @property
+    def dead_retention_args(self) -> tuple[int, int]:
+        """(keep_count, keep_age_ms) for trim_dead.lua; -1 means no limit."""
+        count = -1 if self.keep_dead is None else self.keep_dead
+        age = -1 if self.keep_dead_s is None else int(self.keep_dead_s * 1000)
         return count, age

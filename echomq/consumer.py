@@ -1,10 +1,16 @@
 """The standalone consumer loop: reap → promote → drain → park.
 
-Parking is an outstanding ``BLPOP emq:{q}:wake <beat>`` on a dedicated
-connection (see :mod:`echomq.wake`), waited on with a local timer set to the
-schedule head's due time, because the server's BLPOP timeout only fires on
-its ``hz`` tick. Leases of the jobs in hand are extended by a heartbeat
-thread, so long jobs are not reaped while the consumer lives.
+Parking is an outstanding ``BLPOP emq:{q}:wake <beat>`` (or ``BZPOPMIN
+emq:{q}:marker <beat>`` with the marker doorbell) on a dedicated connection
+(see :mod:`echomq.wake`), waited on with a local timer set to the schedule
+head's due time, because the server's timeout only fires on its ``hz`` tick.
+Leases of the jobs in hand are extended by a heartbeat thread, so long jobs
+are not reaped while the consumer lives.
+
+With ``concurrency`` > 1 or an ``async def`` handler, jobs run on an event loop
+of the consumer's own (:mod:`echomq.concurrent`) while this loop parks. A job's
+time limit cancels an async handler; a sync handler cannot be interrupted in
+its thread, so only the supervisor (which ends the process) enforces it there.
 """
 
 from __future__ import annotations
@@ -21,15 +27,16 @@ import redis
 import redis.exceptions
 
 from echomq import scripts
+from echomq.concurrent import ConcurrentDrain
 from echomq.config import QueueSettings
-from echomq.connection import NETWORK_ERRORS
+from echomq.connection import UNAVAILABLE_ERRORS
 from echomq.drain import Drain
 from echomq.job import Claimed
 from echomq.lanes import Lanes, Outcome
 from echomq.queue import Queue
 from echomq.runner import HandlerLike, Runner
 from echomq.scripts import Settled
-from echomq.wake import Doorbell
+from echomq.wake import Doorbell, claim_doorbell
 
 log = logging.getLogger("echomq.consumer")
 MAX_RECONNECT_WAIT_S = 5.0
@@ -47,9 +54,15 @@ class Consumer:
         redis: redis.Redis | None = None,
         beat_ms: int | None = None,
         lease_ms: int | None = None,
+        concurrency: int | None = None,
+        job_timeout: float | None = None,
         settings: QueueSettings | None = None,
         **overrides: Any,
     ) -> None:
+        if concurrency is not None:
+            overrides["concurrency"] = concurrency
+        if job_timeout is not None:
+            overrides["job_timeout"] = job_timeout
         if beat_ms is not None:
             overrides["beat_ms"] = beat_ms
         if lease_ms is not None:
@@ -62,7 +75,8 @@ class Consumer:
             self.queue = Queue(queue, redis_url, redis=redis, settings=settings, **overrides)
         self.settings = self.queue.settings
         self.lanes = Lanes(self.queue.redis, self.queue.keys, self.settings)
-        self.runner = Runner(self.queue.name, handler, self.settings)
+        self.runner = Runner(self.queue.name, handler, self.settings,
+                             progress=self.lanes.progress)
         self.processed = 0
         self._stopping = False
         self._stop_r, self._stop_w = os.pipe()
@@ -71,12 +85,16 @@ class Consumer:
         self._held: dict[str, str] = {}
         self._held_lock = threading.Lock()
         self._drainer = Drain(self.lanes, self.runner, self)
+        self._concurrent = self.settings.concurrency > 1 or self.runner.has_async()
+        self._pool: ConcurrentDrain | None = None  # a fresh one per run() when concurrent
 
     # --- control ---------------------------------------------------------------
 
     def stop(self) -> None:
         """End the loop after the job in hand; safe from a signal handler or another thread."""
         self._stopping = True
+        if self._pool is not None:
+            self._pool.stop(abandon=True)
         try:
             os.write(self._stop_w, b"x")
         except (BlockingIOError, OSError):
@@ -91,13 +109,20 @@ class Consumer:
     def run(self, *, burst: bool = False) -> int:
         """Consume until stopped (with ``burst``: until nothing is claimable). Returns jobs run."""
         keys = self.queue.keys
-        doorbell = Doorbell(self.queue.redis, keys.wake, self.settings.beat_ms / 1000)
+        doorbell = Doorbell(self.queue.redis, keys, self.settings.beat_ms / 1000,
+                            self.settings.doorbell)
+        self._server_offset_ms: float | None = None  # server clock minus monotonic, in ms
+        self._schedule_head_ms: int | None = None
+        claimed_bell = False
         beat_s = self.settings.beat_ms / 1000
         lease_s = self.settings.lease_ms / 1000
         heartbeat = threading.Thread(target=self._heartbeat, name="echomq-heartbeat", daemon=True)
         heartbeat_stop = threading.Event()
         self._heartbeat_stop = heartbeat_stop
         heartbeat.start()
+        if self._concurrent:
+            self._pool = ConcurrentDrain(self.lanes, self.runner, self, self.settings.concurrency)
+            self._pool.start()
         next_promote = next_reap = 0.0  # monotonic deadlines; 0 = now
         failures = 0
         work = True  # drain on the first pass, then only when a ring or the pump found work
@@ -106,14 +131,24 @@ class Consumer:
                 try:
                     if failures:
                         scripts.load_all(self.queue.redis, keys.prefix)
+                    if not claimed_bell:  # refuses (DoorbellMismatch) a queue of the other kind
+                        claim_doorbell(self.queue.redis, keys, doorbell.kind)
+                        claimed_bell = True
                     now = time.monotonic()
                     if now >= next_reap:
                         next_reap, requeued = self._reap(lease_s)
                         work |= requeued
                     if now >= next_promote:
                         next_promote, promoted = self._promote(beat_s)
+                        doorbell.next_due_ms = self._schedule_head_ms  # put back on close
                         work |= promoted
-                    if work or burst:
+                    if (work or burst) and self._pool is not None:
+                        if burst:
+                            self._pool.poke_and_wait()
+                        else:
+                            self._pool.poke()
+                        work = False
+                    elif work or burst:
                         self._drainer.run()
                         work = False
                     if burst or self._stopping:
@@ -124,11 +159,16 @@ class Consumer:
                     failures = 0
                     if woke:
                         self._drain_stop_pipe()
-                    if rung or not doorbell.armed:
-                        # a ring may mean a new schedule head; a timed-out beat runs the pump
+                    replied = not doorbell.armed  # a ring, a marker or the beat's timeout
+                    due = doorbell.take_due()
+                    if due is not None:  # a marker's score: the schedule head, no read needed
+                        next_promote = min(next_promote, self._local_time(due))
+                    elif replied and (doorbell.kind == "list" or not rung):
+                        # a list token may mean a new schedule head (a marker would carry its
+                        # due time instead); a timed-out beat runs the pump
                         next_promote = 0.0
-                        work |= rung
-                except NETWORK_ERRORS as exc:
+                    work |= rung
+                except UNAVAILABLE_ERRORS as exc:
                     failures += 1
                     doorbell.reset()
                     wait = min(MAX_RECONNECT_WAIT_S, 0.05 * 2 ** min(failures, 7))
@@ -142,6 +182,9 @@ class Consumer:
             self._release_held("requeue")
             raise
         finally:
+            if self._pool is not None:
+                self._pool.stop(abandon=True)
+                self._pool.join()
             heartbeat_stop.set()
             doorbell.close()
             heartbeat.join(timeout=5)
@@ -168,7 +211,15 @@ class Consumer:
         # with nothing scheduled, the BLPOP's own timeout ends the park and marks the beat;
         # the local timer is only for a schedule head due before that
         wait = beat_s + 1.0 if next_due < 0 else (next_due - server_now) / 1000
+        self._server_offset_ms = server_now - time.monotonic() * 1000
+        self._schedule_head_ms = next_due if next_due >= 0 else None
         return time.monotonic() + max(0.0, wait), total > 0
+
+    def _local_time(self, due_ms: int) -> float:
+        """A server-clock due time on the monotonic clock (now, when no offset is known)."""
+        if self._server_offset_ms is None:
+            return 0.0
+        return (due_ms - self._server_offset_ms) / 1000
 
     # --- drain hooks ---------------------------------------------------------------
 
@@ -181,14 +232,20 @@ class Consumer:
     def on_batch(self, batch: Sequence[Claimed]) -> None:
         self._hold(batch)
 
-    def on_start(self, claimed: Claimed) -> None:
+    def on_start(self, claimed: Claimed, in_thread: bool = True) -> None:
         self.processed += 1
+
+    def on_finish(self, claimed: Claimed) -> None:
+        """Nothing to do: the job stays held (and extended) until its outcome is settled."""
 
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
         self._unhold(pairs)
 
     def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
         self._unhold([(o.job_id, o.token) for o in outcomes])
+
+    def on_dry(self) -> None:
+        """Nothing to do: this loop's doorbell pokes the drain when work arrives."""
 
     # --- leases in hand ------------------------------------------------------------
 
@@ -208,7 +265,7 @@ class Consumer:
             self._held.clear()
         try:
             self.lanes.release(held, mode)
-        except NETWORK_ERRORS:
+        except UNAVAILABLE_ERRORS:
             log.warning("queue %s: could not hand back %d jobs; their leases will expire",
                         self.queue.name, len(held))
 
@@ -222,7 +279,7 @@ class Consumer:
                 continue
             try:
                 self.lanes.extend(held)
-            except NETWORK_ERRORS as exc:
+            except UNAVAILABLE_ERRORS as exc:
                 log.warning("queue %s: lease extension failed: %s", self.queue.name, exc)
 
     def _drain_stop_pipe(self) -> None:

@@ -4,7 +4,7 @@ Shared by the standalone Consumer and the supervisor's forked consumers; each
 supplies a small set of hooks (what to do with a claimed batch, when to stop,
 what follows a settle). A batch's outcomes are settled together with the next
 claim in one round trip; outcomes that could not be settled because the server
-was unreachable are kept and settled first on the next drain.
+was unreachable or refused writes are kept and settled first on the next drain.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from echomq.connection import NETWORK_ERRORS
+from echomq.connection import UNAVAILABLE_ERRORS
 from echomq.job import Claimed
 from echomq.lanes import Lanes, Outcome
 from echomq.runner import Runner
@@ -32,14 +32,20 @@ class DrainHooks(Protocol):
     def on_batch(self, batch: Sequence[Claimed]) -> None:
         """A batch was leased (say so to whoever extends or releases leases)."""
 
-    def on_start(self, claimed: Claimed) -> None:
-        """A job is about to run."""
+    def on_start(self, claimed: Claimed, in_thread: bool = True) -> None:
+        """A job is about to run (``in_thread``: a sync handler, which cannot be cancelled)."""
+
+    def on_finish(self, claimed: Claimed) -> None:
+        """A job's handler returned; its outcome is not settled yet."""
 
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Jobs of the batch were handed back without running."""
 
     def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
         """Outcomes were settled (stale tokens are already logged)."""
+
+    def on_dry(self) -> None:
+        """A claim came back short (concurrent drain): poke again when work arrives."""
 
 
 class Drain:
@@ -52,8 +58,8 @@ class Drain:
         self.pending: list[Outcome] = []
 
     def run(self) -> None:
-        """Drain until a claim is empty or a stop is requested. Network errors propagate,
-        with the unsettled outcomes kept for the next call."""
+        """Drain until a claim is empty or a stop is requested. Network errors and server
+        refusals propagate, with the unsettled outcomes kept for the next call."""
         if self.pending:
             self.settle(self.pending)
         batch = self.lanes.claim(1, chain=True)
@@ -68,21 +74,23 @@ class Drain:
                     break
                 self.hooks.on_start(claimed)
                 outcomes.append(self.runner.run(claimed))
+                self.hooks.on_finish(claimed)
             if self.hooks.stop_requested():
                 self.settle(outcomes)
                 return
             try:
                 codes, batch = self.lanes.settle_and_claim(outcomes, self.hooks.batch_size())
-            except NETWORK_ERRORS:
+            except UNAVAILABLE_ERRORS:
                 self.pending = outcomes
                 raise
             self._settled(outcomes, codes)
 
     def settle(self, outcomes: Sequence[Outcome]) -> None:
-        """Settle without claiming more (keeps them pending if the server is unreachable)."""
+        """Settle without claiming more (keeps them pending if the server is unreachable or
+        refuses writes)."""
         try:
             codes = self.lanes.settle(outcomes)
-        except NETWORK_ERRORS:
+        except UNAVAILABLE_ERRORS:
             self.pending = list(outcomes)
             raise
         self.pending = []

@@ -32,6 +32,10 @@ class NotReplicated(EchoMQError):
     failover of its node; admitting again with the same job id is safe)."""
 
 
+class PermissionDenied(EchoMQError, PermissionError):
+    """The server's ACL refused a command: the message names it and where the role rules are."""
+
+
 class CorruptJob(EchoMQError):
     """A job hash lacks required fields or holds a payload that is not valid JSON."""
 
@@ -58,3 +62,21 @@ class StaleFence(FloorError):
 
 class MissingExtra(EchoMQError, ImportError):
     """A feature's optional dependencies are not installed; the message names the extra."""
+
+
+class JobFailed(EchoMQError):
+    """``Queue.result`` found the job dead; ``.error`` holds its last error (the traceback text)."""
+
+    def __init__(self, job_id: str, error: str) -> None:
+        super().__init__(f"job {job_id!r} is dead: {_last_line(error)}")
+        self.job_id = job_id
+        self.error = error
+
+
+class JobNotFound(EchoMQError, LookupError):
+    """No job with this id exists (never admitted, or its record was dropped by retention)."""
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no error text)"

@@ -8,8 +8,8 @@ from typing import Any
 
 from echomq.errors import CorruptJob
 
-STATES = ("waiting", "scheduled", "active", "completed", "dead")
-CLAIM_FIELDS = 9  # values per job returned by claim.lua
+STATES = ("waiting", "scheduled", "active", "completed", "dead", "cancelled")
+CLAIM_FIELDS = 11  # values per job returned by claim.lua
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -27,7 +27,12 @@ def _int(value: str | None, default: int = 0) -> int:
 
 @dataclass
 class Job:
-    """One job. ``attempts`` is 1 during the first execution; ``error`` is the last failure."""
+    """One job. ``attempts`` is 1 during the first execution; ``error`` is the last failure.
+
+    ``timeout`` is the job's own time limit in seconds (None: the consumer's default).
+    ``progress``: read from ``Queue.get``, the last value the handler reported; inside a
+    handler, ``job.progress(value)`` reports one (JSON, small) and extends the lease.
+    """
 
     id: str
     name: str
@@ -46,6 +51,13 @@ class Job:
     queue: str = ""
     token: str | None = field(default=None, repr=False)
     backoff: str = field(default="", repr=False)
+    trace: str = field(default="", repr=False)  # the producer's W3C traceparent, if any
+    timeout: float | None = None
+    progress: Any = None
+
+    def bind_progress(self, report: Any) -> None:
+        """Inside a handler: ``job.progress(value)`` calls ``report(value)``."""
+        self.progress = report
 
     @classmethod
     def from_hash(cls, queue: str, raw: dict[bytes, bytes] | dict[str, str], *,
@@ -71,6 +83,11 @@ class Job:
         due = h.get("due_ms")
         started = h.get("started_ms")
         finished = h.get("finished_ms")
+        progress_text = h.get("progress")
+        try:
+            progress = json.loads(progress_text) if progress_text else None
+        except ValueError:
+            progress = progress_text
         return cls(
             id=job_id,
             name=h["name"] or "",
@@ -89,6 +106,9 @@ class Job:
             queue=queue,
             token=h.get("token") or None,
             backoff=h.get("backoff") or "",
+            trace=h.get("trace") or "",
+            timeout=timeout_seconds(h.get("timeout_ms")),
+            progress=progress,
         )
 
 
@@ -105,6 +125,8 @@ class Claimed:
     max_attempts: int
     backoff: str
     created_ms: int
+    timeout: float | None = None
+    trace: str = ""
 
     def to_job(self, queue: str) -> Job:
         """Decode the payload; raise CorruptJob when it is not JSON."""
@@ -113,21 +135,37 @@ class Claimed:
             payload=decode_payload(queue, self.id, self.payload_text),
             lane=self.lane, state="active", attempts=self.attempts,
             max_attempts=self.max_attempts, created_ms=self.created_ms, queue=queue,
-            token=self.token, backoff=self.backoff,
+            token=self.token, backoff=self.backoff, timeout=self.timeout, trace=self.trace,
         )
 
 
 def parse_claimed(flat: list[Any]) -> list[Claimed]:
     """Split claim.lua's flat reply into Claimed records."""
     out = []
+    text = _text_or_int
     for i in range(0, len(flat), CLAIM_FIELDS):
-        f = [_text(x) if not isinstance(x, int) else x for x in flat[i:i + CLAIM_FIELDS]]
+        (job_id, token, name, payload, lane, attempts, max_attempts, backoff, created,
+         timeout_ms, trace) = flat[i:i + CLAIM_FIELDS]
         out.append(Claimed(
-            id=str(f[0]), token=str(f[1]), name=str(f[2]), payload_text=str(f[3]),
-            lane=str(f[4]), attempts=int(f[5] or 0), max_attempts=_int(str(f[6]), 1),
-            backoff=str(f[7] or ""), created_ms=_int(str(f[8])),
+            text(job_id), text(token), text(name), text(payload), text(lane),
+            int(attempts or 0), _int(text(max_attempts), 1), text(backoff or b""),
+            _int(text(created)), timeout_seconds(text(timeout_ms or b"")),
+            text(trace or b""),
         ))
     return out
+
+
+def _text_or_int(value: bytes | str | int) -> str:
+    """A reply value as text (the hot path of parse_claimed: no Optional handling)."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def timeout_seconds(value: str | None) -> float | None:
+    """The ``timeout_ms`` field as seconds; None when absent, empty or not positive."""
+    ms = _int(value)
+    return ms / 1000 if ms > 0 else None
 
 
 def decode_payload(queue: str, job_id: str, text: str) -> Any:

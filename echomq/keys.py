@@ -13,6 +13,9 @@ from echomq.errors import InvalidName
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,255}")
 DEFAULT_LANE = "default"
+# every queue's name, added by producers and supervisors: `echomq queues` reads it instead of
+# KEYS or a SCAN of the whole keyspace (scripts cannot keep it: it lives in another slot)
+REGISTRY = "emq:queues"
 
 
 def validate_name(name: object, what: str = "queue name") -> str:
@@ -39,7 +42,8 @@ class Keys:
 
     __slots__ = (
         "queue", "prefix", "ring", "leases", "schedule", "wake", "dead", "completed",
-        "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence", "acks",
+        "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence", "acks", "spilled",
+        "marker", "paused", "cancelled",
     )
 
     def __init__(self, queue: str) -> None:
@@ -61,9 +65,21 @@ class Keys:
         self.leader = p + "leader"
         self.fence = p + "fence"
         self.acks = p + "acks"  # durability "sync": the write a WAIT for replicas rides on
+        self.spilled = p + "spilled"  # ids of jobs held by the floor alone
+        self.marker = p + "marker"
+        self.paused = p + "paused"
+        self.cancelled = p + "cancelled"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
 
     def lane(self, lane: str) -> str:
         return f"{self.prefix}lane:{lane}"
+
+    def done(self, job_id: str) -> str:
+        """The result doorbell of one job (rung by settle when a waiter marked the job)."""
+        return f"{self.prefix}done:{job_id}"
+
+    def dedup(self, job_id: str) -> str:
+        """Holds a completed job's id reserved for its dedup_s."""
+        return f"{self.prefix}dedup:{job_id}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -10,9 +11,12 @@ import redis
 
 from echomq import scripts
 from echomq.config import QueueSettings
+from echomq.errors import PayloadError
 from echomq.job import Claimed, parse_claimed
 from echomq.keys import Keys
 from echomq.scripts import Settled
+
+MAX_PROGRESS_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,13 @@ class Outcome:
     retry_ms: int = 0
 
     def args(self) -> list[Any]:
-        return [self.job_id, self.token, self.outcome, self.text, self.retry_ms]
+        return [self.job_id, self.token, self.outcome, safe_text(self.text), self.retry_ms]
+
+
+def safe_text(text: str) -> bytes:
+    """UTF-8 bytes of a handler's error or result; a lone surrogate (a file name decoded
+    with surrogateescape) becomes a ``\\udcXX`` escape instead of failing the settle."""
+    return text.encode("utf-8", "backslashreplace")
 
 
 class Lanes:
@@ -54,6 +64,16 @@ class Lanes:
         codes = scripts.SETTLE(self.client, self._settle_keys, self._settle_args(outcomes))
         return [Settled(int(c)) for c in codes]
 
+    def settle_call(self, outcomes: Sequence[Outcome]
+                    ) -> tuple[scripts.LuaScript, list[str], list[Any]]:
+        """The settle script call for these outcomes (for a caller that does its own I/O)."""
+        return scripts.SETTLE, self._settle_keys, self._settle_args(outcomes)
+
+    def claim_call(self, count: int, chain: bool = False
+                   ) -> tuple[scripts.LuaScript, list[str], list[Any]]:
+        """The claim script call for up to ``count`` jobs (for a caller doing its own I/O)."""
+        return scripts.CLAIM, self._claim_keys, self._claim_args(count, chain)
+
     def settle_and_claim(self, outcomes: Sequence[Outcome], count: int
                          ) -> tuple[list[Settled], list[Claimed]]:
         """Settle and claim the next batch in one round trip (a pipeline of two scripts)."""
@@ -71,6 +91,18 @@ class Lanes:
 
     def extend(self, held: Sequence[tuple[str, str]]) -> list[bool]:
         return scripts.extend(self.client, self.keys, self.settings.lease_ms, held)
+
+    def progress(self, job_id: str, token: str, value: Any) -> bool:
+        """Record a running job's progress and extend its lease; False when the lease is
+        no longer this consumer's. Raises PayloadError for a value that is not small JSON."""
+        try:
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(f"progress is not JSON-serialisable: {exc}") from None
+        if len(text.encode()) > MAX_PROGRESS_BYTES:
+            raise PayloadError(f"progress is over {MAX_PROGRESS_BYTES} bytes encoded")
+        return scripts.progress(self.client, self.keys, self.settings.lease_ms, job_id, token,
+                                text)
 
     def _claim_args(self, count: int, chain: bool = False) -> list[Any]:
         return [self.keys.prefix, self.settings.lease_ms, count, "1" if chain else "0"]

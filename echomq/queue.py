@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -11,23 +13,40 @@ from typing import Any
 
 import redis
 
-from echomq import scripts
+from echomq import results, scripts
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.connection import (
     DEFAULT_URL,
     client_from_url,
     describe,
+    is_cluster,
+    node_client,
     redact_url,
     translated,
     wait_replicas,
 )
-from echomq.errors import InvalidName, InvalidSchedule, NotReplicated, PayloadError
+from echomq.errors import (
+    ConfigError,
+    CorruptJob,
+    InvalidName,
+    InvalidSchedule,
+    NotReplicated,
+    PayloadError,
+)
 from echomq.job import STATES, Job
-from echomq.keys import DEFAULT_LANE, Keys, validate_job_id, validate_name
+from echomq.keys import DEFAULT_LANE, REGISTRY, Keys, validate_job_id, validate_name
+from echomq.tracing import current_traceparent
 
+DIAL_TTL_S = 5.0  # how long a producer trusts the durability dial it read from the meta
 ADMIT_BATCH = 500  # jobs per script call in add_many: bounds one script's run time
 REPLICA_WAIT_MS = 1000  # durability "sync": how long an admit waits for a replica's ack
+# Due times are stored as integer ms text; past 10**14 Lua would write them as floats
+# ("1e+14"), so schedules end well before that: year 5000, or 100 years from now.
+MAX_DUE_MS = 95_617_584_000_000  # 5000-01-01T00:00:00Z
+MAX_DELAY_S = 100 * 365.25 * 86_400
+PURGE_BATCH = 1000  # jobs per purge call: one call stays short
+PURGEABLE = ("completed", "dead", "cancelled")
 
 
 class Queue:
@@ -37,6 +56,8 @@ class Queue:
     Settings come from ``settings=QueueSettings(...)`` and/or keyword overrides
     (``Queue("q", max_payload_bytes=4096)``).
     """
+
+    _waiters: redis.ConnectionPool | None  # result() parks on these; made on first use
 
     def __init__(
         self,
@@ -49,9 +70,12 @@ class Queue:
         **overrides: Any,
     ) -> None:
         self.name = validate_name(name)
-        self.floor = floor  # an echomq.floor.Floor: with durability "sync", add() writes it
+        # an echomq.floor.Floor: when the queue's dial is "sync", add() writes deferred jobs to it
+        self.floor = floor
         self.keys = Keys(name)
         self.settings = (settings or QueueSettings()).with_overrides(**overrides)
+        self._waiters = None
+        self._dial_read: tuple[float, str | None] | None = None  # (when, meta's dial)
         if redis is not None:
             self.redis = redis
             self.where = describe(redis)
@@ -59,6 +83,7 @@ class Queue:
             url = redis_url or DEFAULT_URL
             self.redis = client_from_url(url)
             self.where = redact_url(url)
+        self._registered = False
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, {self.where})"
@@ -76,13 +101,23 @@ class Queue:
         job_id: str | None = None,
         max_attempts: int | None = None,
         backoff: Backoff | float | None = None,
+        timeout: float | None = None,
+        dedup_s: float | None = None,
     ) -> str:
-        """Admit one job and return its id (the same id again for a repeated ``job_id``)."""
-        spec = self._spec(name, payload, lane, delay, run_at, job_id, max_attempts, backoff)
+        """Admit one job and return its id (the same id again for a repeated ``job_id``).
+
+        ``timeout``: the job's time limit in seconds (overrides the consumer's job_timeout).
+        ``dedup_s``: the id stays reserved that long after the job completes, whatever the
+        completed retention.
+        """
+        spec = self._spec(name, payload, lane, delay, run_at, job_id, max_attempts, backoff,
+                          timeout, dedup_s)
+        sync = self._must_sync([spec])
         [(script, keys, args)] = self._calls([spec])
         with translated(self.where):
+            self.register()
             script(self.redis, keys, args)
-        self.after_admit([spec])
+        self.after_admit([spec], sync)
         return spec[0]
 
     def add_many(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[str]:
@@ -91,16 +126,18 @@ class Queue:
 
         Every job is validated before anything is sent, so a bad one admits none.
         """
-        specs = self.specs(jobs)
+        specs = self._specs(jobs)
         if specs:
+            sync = self._must_sync(specs)
             with translated(self.where):
+                self.register()
                 scripts.execute(self.redis, self._calls(specs))
-            self.after_admit(specs)
+            self.after_admit(specs, sync)
         return [s[0] for s in specs]
 
-    def specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
-              ) -> list[tuple[str, list[Any], int | None]]:
-        """Validate jobs given as :meth:`add_many` takes them (nothing is sent)."""
+    def _specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
+               ) -> list[tuple[str, list[Any], int | None]]:
+        """Validate every job of an add_many call before anything is sent."""
         specs = []
         for item in jobs:
             if isinstance(item, Mapping):
@@ -113,24 +150,37 @@ class Queue:
                 name = item[0]
                 payload = item[1] if len(item) > 1 else None
                 opts = dict(item[2]) if len(item) > 2 else {}
-            unknown = set(opts) - {"lane", "delay", "run_at", "job_id", "max_attempts", "backoff"}
+            unknown = set(opts) - {"lane", "delay", "run_at", "job_id", "max_attempts", "backoff",
+                                   "timeout", "dedup_s"}
             if unknown:
                 raise ValueError(f"unknown job option(s): {', '.join(sorted(unknown))}")
             specs.append(self._spec(name, payload, opts.get("lane"), opts.get("delay"),
                                     opts.get("run_at"), opts.get("job_id"),
-                                    opts.get("max_attempts"), opts.get("backoff")))
+                                    opts.get("max_attempts"), opts.get("backoff"),
+                                    opts.get("timeout"), opts.get("dedup_s")))
         return specs
 
-    def after_admit(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> None:
-        """Durability "sync": the admits are on a replica and deferred jobs on the floor."""
+    def specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
+              ) -> tuple[list[tuple[str, list[Any], int | None]], bool]:
+        """Validate jobs given as :meth:`add_many` takes them (nothing is sent), and say
+        whether deferred ones must reach the floor (see :meth:`after_admit`)."""
+        specs = self._specs(jobs)
+        return specs, bool(specs) and self._must_sync(specs)
+
+    def after_admit(self, specs: Sequence[tuple[str, list[Any], int | None]],
+                    floor_sync: bool) -> None:
+        """Durability "sync": the admits are on a replica (on a cluster) and deferred jobs
+        on the floor (``floor_sync``, from :meth:`specs`)."""
         self._replicate()
-        self._sync_to_floor(specs)
+        if floor_sync:
+            self._sync_to_floor(specs)
 
     def _replicate(self) -> None:
-        """Durability "sync": ``WAIT 1`` on the queue's node, where it has a replica, so an
-        acknowledged admit survives that node's failover. Raises NotReplicated when no
-        replica confirmed within ``REPLICA_WAIT_MS``: the job may or may not survive one."""
-        if self.settings.durability != "sync":
+        """Durability "sync" on a cluster: ``WAIT 1`` on the queue's node, where it has a
+        replica, so an acknowledged admit survives that node's failover. Raises
+        NotReplicated when no replica confirmed within ``REPLICA_WAIT_MS``: the job may or
+        may not survive one."""
+        if not is_cluster(self.redis) or "sync" not in (self._dial(), self.settings.durability):
             return
         with translated(self.where):
             acked = wait_replicas(self.redis, self.keys.acks, 1, REPLICA_WAIT_MS)
@@ -138,10 +188,39 @@ class Queue:
             raise NotReplicated(f"queue {self.name}: no replica confirmed the admit within "
                                 f"{REPLICA_WAIT_MS} ms at {self.where}")
 
+    def _dial(self) -> str | None:
+        """The queue's durability dial: the one its supervisor recorded in the queue's meta,
+        else this producer's own setting (None when neither says). The recorded dial is
+        read at most every DIAL_TTL_S per Queue, so deferred adds keep one round trip."""
+        now = time.monotonic()
+        if self._dial_read is None or now - self._dial_read[0] > DIAL_TTL_S:
+            with translated(self.where):
+                recorded = self.redis.hget(self.keys.meta, "durability")
+            text = recorded.decode() if isinstance(recorded, bytes) else recorded
+            self._dial_read = (now, text or None)
+        return self._dial_read[1] or self.settings.durability
+
+    def _must_sync(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> bool:
+        """True when these jobs include deferred ones and the dial says "sync"; a producer
+        without a floor then refuses before admitting anything, rather than downgrade."""
+        if all(s[2] is None for s in specs):
+            return False  # only deferred jobs go to the floor
+        sync = "sync" in (self._dial(), self.settings.durability)
+        if sync and self.floor is None:
+            raise ConfigError(
+                f"queue {self.name!r} has durability 'sync': deferred jobs must reach the floor "
+                "before add() returns, and this producer has no floor. Pass "
+                "floor=echomq.floor.Floor.from_url(FLOOR_URL) to Queue (nothing was admitted)")
+        return sync
+
+    def register(self) -> None:
+        """Add this queue to the registry ``echomq queues`` reads (once per Queue object)."""
+        if not self._registered:
+            self.redis.sadd(REGISTRY, self.name)
+            self._registered = True
+
     def _sync_to_floor(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> None:
         """Durability "sync": deferred jobs are on the floor before add() returns."""
-        if self.settings.durability != "sync" or self.floor is None:
-            return
         from echomq.floor.writethrough import write_through
 
         ids = [s[0] for s in specs if s[2] is not None]
@@ -150,7 +229,8 @@ class Queue:
 
     def _spec(self, name: Any, payload: Any, lane: str | None, delay: float | None,
               run_at: datetime | None, job_id: str | None, max_attempts: int | None,
-              backoff: Backoff | float | None) -> tuple[str, list[Any], int | None]:
+              backoff: Backoff | float | None, timeout: float | None = None,
+              dedup_s: float | None = None) -> tuple[str, list[Any], int | None]:
         """Validate one job: (id, admit args without the due, due arg or None)."""
         if not isinstance(name, str) or not name or len(name) > 255:
             raise InvalidName(f"invalid job name {name!r}: a non-empty string of at most 255 chars")
@@ -163,7 +243,8 @@ class Queue:
         encoded = self.encode_payload(payload)
         due = self._due(delay, run_at)
         args = [job_id, name, encoded, lane, attempts, self.settings.max_stalls,
-                coerced.encode() if coerced else ""]
+                coerced.encode() if coerced else "", _timeout_ms(timeout), _dedup_ms(dedup_s),
+                current_traceparent()]
         return job_id, args, due
 
     def _due(self, delay: float | None, run_at: datetime | None) -> int | None:
@@ -175,13 +256,20 @@ class Queue:
                 raise InvalidSchedule(f"run_at must be a datetime, got {type(run_at).__name__}")
             if run_at.tzinfo is None or run_at.utcoffset() is None:
                 raise InvalidSchedule("run_at must be timezone-aware, not naive")
-            return max(0, int(run_at.timestamp() * 1000))
+            due = max(0, int(run_at.timestamp() * 1000))
+            if due > MAX_DUE_MS:
+                raise InvalidSchedule(f"run_at {run_at.isoformat()} is too far in the future "
+                                      "(the limit is the year 5000)")
+            return due
         if delay is None:
             return None
         if isinstance(delay, bool) or not isinstance(delay, (int, float)) or math.isnan(delay):
             raise InvalidSchedule(f"delay must be a number of seconds, got {delay!r}")
         if delay < 0 or math.isinf(delay):
             raise InvalidSchedule(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+        if delay > MAX_DELAY_S:
+            raise InvalidSchedule(f"delay {delay!r} s is too far in the future "
+                                  f"(at most {MAX_DELAY_S:.0f} s, 100 years)")
         ms = int(delay * 1000)
         return None if ms == 0 else -ms
 
@@ -191,7 +279,11 @@ class Queue:
             text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
-        size = len(text.encode())
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from a decoded file name
+            raise PayloadError(f"payload is not valid UTF-8 text: {exc.reason} at "
+                               f"position {exc.start}") from None
         if size > self.settings.max_payload_bytes:
             raise PayloadError(
                 f"payload is {size} bytes encoded, over the limit of "
@@ -209,19 +301,34 @@ class Queue:
         now = [s for s in specs if s[2] is None]
         later = [s for s in specs if s[2] is not None]
         calls: list[tuple[scripts.LuaScript, list[str], list[Any]]] = []
-        for i in range(0, len(now), ADMIT_BATCH):
-            chunk = now[i:i + ADMIT_BATCH]
+        for chunk in self._chunks(now):
             args: list[Any] = [self.keys.prefix, len(chunk)]
             for _, a, _ in chunk:
                 args += a
             calls.append((scripts.ADMIT, scripts.admit_keys(self.keys), args))
-        for i in range(0, len(later), ADMIT_BATCH):
-            chunk = later[i:i + ADMIT_BATCH]
+        for chunk in self._chunks(later):
             args = [self.keys.prefix, len(chunk)]
             for _, a, due in chunk:
                 args += [*a, due]
             calls.append((scripts.SCHEDULE, scripts.schedule_keys(self.keys), args))
         return calls
+
+    def _chunks(self, specs: Sequence[tuple[str, list[Any], int | None]]
+                ) -> list[Sequence[tuple[str, list[Any], int | None]]]:
+        """Script calls of at most ADMIT_BATCH jobs and ``admit_call_bytes`` of payload
+        (one job over the bound still goes, alone)."""
+        chunks: list[Sequence[tuple[str, list[Any], int | None]]] = []
+        start = size = 0
+        for i, spec in enumerate(specs):
+            n = len(spec[1][2].encode())  # the encoded payload; validated as UTF-8 already
+            if i > start and (i - start >= ADMIT_BATCH
+                              or size + n > self.settings.admit_call_bytes):
+                chunks.append(specs[start:i])
+                start, size = i, 0
+            size += n
+        if start < len(specs):
+            chunks.append(specs[start:])
+        return chunks
 
     # --- reading ------------------------------------------------------------
 
@@ -232,18 +339,107 @@ class Queue:
             raw = self.redis.hgetall(self.keys.job(job_id))
         return Job.from_hash(self.name, raw) if raw else None
 
-    def counts(self) -> dict[str, int]:
-        """Jobs per state. ``completed`` and ``dead``: completed is a running total."""
-        with translated(self.where):
-            waiting, scheduled, active, completed, dead, *_ = scripts.counts(self.redis, self.keys)
-        return dict(zip(STATES, (waiting, scheduled, active, completed, dead), strict=True))
+    def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """Wait for the job's handler to return and give back its value.
 
-    def stats(self) -> dict[str, int]:
-        """Counts plus totals: retried, spilled (on the floor only) and lanes with work."""
+        Returns at once for a finished job; otherwise parks on the job's doorbell (no
+        polling). Raises JobFailed (``.error``) for a dead job, TimeoutError when
+        ``timeout`` seconds pass first, JobNotFound for an unknown id.
+        """
+        with translated(self.where):
+            if self._waiters is None:
+                # on a cluster: the node owning the queue's slot, where its doorbells ring
+                self._waiters = results.waiter_pool(node_client(self.redis, self.keys.prefix))
+            return results.wait(self._waiters, self.keys, job_id, timeout)
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per state. ``completed`` is a running total; ``dead`` and ``cancelled`` are
+        the jobs kept in those states (until retried or purged)."""
+        with translated(self.where):
+            return self._counts_of(scripts.counts(self.redis, self.keys))
+
+    def stats(self) -> dict[str, Any]:
+        """Counts plus totals: retried, spilled (on the floor only), lanes with work, and
+        ``paused``."""
         with translated(self.where):
             values = scripts.counts(self.redis, self.keys)
-        names = (*STATES, "retried", "spilled", "lanes")
-        return dict(zip(names, values, strict=True))
+        out: dict[str, Any] = self._counts_of(values)
+        out.update(retried=values[5], spilled=values[6], lanes=values[7],
+                   paused=bool(values[9]))
+        return out
+
+    @staticmethod
+    def _counts_of(values: Sequence[int]) -> dict[str, int]:
+        return dict(zip(STATES, (*values[:5], values[8]), strict=True))
+
+    def is_paused(self) -> bool:
+        with translated(self.where):
+            return bool(self.redis.exists(self.keys.paused))
+
+    def pause(self) -> bool:
+        """Stop handing out jobs (admits go on, active jobs finish); False if already paused."""
+        with translated(self.where):
+            self.register()
+            return scripts.pause(self.redis, self.keys)
+
+    def resume(self) -> bool:
+        """Hand out jobs again, waking parked consumers; False if it was not paused."""
+        with translated(self.where):
+            return scripts.resume(self.redis, self.keys)
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a waiting or scheduled job (state ``cancelled``). False when the job is
+        unknown, active (it cannot be cancelled here) or already finished."""
+        validate_job_id(job_id)
+        with translated(self.where):
+            return scripts.cancel(self.redis, self.keys, job_id) is scripts.Cancelled.CANCELLED
+
+    def jobs(self, state: str, limit: int = 100) -> list[Job]:
+        """Up to ``limit`` jobs in ``state`` (oldest first; waiting: lane by lane)."""
+        return self.jobs_page(state, limit=limit)[0]
+
+    def jobs_page(self, state: str, limit: int = 100, cursor: str = ""
+                  ) -> tuple[list[Job], str]:
+        """One page of :meth:`jobs` and the cursor of the next ("" at the end). Costs
+        O(limit) however many jobs the state holds."""
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}: use one of {', '.join(STATES)}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise ValueError(f"limit must be an integer from 1 to 10000, got {limit!r}")
+        if cursor and not re.fullmatch(r"\d+(:\d+)?", cursor):
+            raise ValueError(f"invalid cursor {cursor!r}")
+        with translated(self.where):
+            nxt, flat = scripts.jobs(self.redis, self.keys, state, cursor, limit)
+        found = []
+        for fields in flat:
+            raw: dict[bytes, bytes] = dict(zip(fields[::2], fields[1::2], strict=True))
+            try:
+                found.append(Job.from_hash(self.name, raw, strict=False))
+            except CorruptJob:  # a hash without its required fields: nothing to show
+                continue
+        return found, nxt
+
+    def purge(self, state: str) -> int:
+        """Delete every job in a finished state (completed, dead or cancelled); returns how
+        many. Works in batches, so the server is never held for long."""
+        if state not in PURGEABLE:
+            raise ValueError(f"purge takes one of {', '.join(PURGEABLE)}, not {state!r}")
+        total = 0
+        with translated(self.where):
+            while True:
+                purged, remaining = scripts.purge(self.redis, self.keys, state, PURGE_BATCH)
+                total += purged
+                if not remaining or not purged:
+                    return total
+
+    def lanes(self, top: int = 10, scan: int = 10_000, heads: int = 1000) -> dict[str, Any]:
+        """The lanes with the most waiting jobs (looking at up to ``scan`` lanes) and the
+        age of the oldest job at the head of the first ``heads`` lanes of the ring."""
+        with translated(self.where):
+            total, scanned, oldest, now, busiest = scripts.survey(self.redis, self.keys,
+                                                                  scan, top, heads)
+        return {"lanes": total, "scanned": scanned, "busiest": busiest,
+                "oldest_waiting_s": max(0.0, (now - oldest) / 1000) if oldest >= 0 else None}
 
     def dead(self, limit: int = 100) -> list[Job]:
         """The oldest dead jobs, with their last error and traceback."""
@@ -263,6 +459,12 @@ class Queue:
         with translated(self.where):
             return scripts.retry_dead(self.redis, self.keys, ids, limit)
 
+    @staticmethod
+    def registered(client: redis.Redis) -> list[str]:
+        """Names of the queues producers or supervisors have used on this server."""
+        return sorted(m.decode() if isinstance(m, bytes) else m
+                      for m in client.smembers(REGISTRY))
+
     def ping(self) -> None:
         """Raise ConnectionFailed unless the server answers."""
         with translated(self.where):
@@ -270,3 +472,26 @@ class Queue:
 
     def close(self) -> None:
         self.redis.close()
+        if self._waiters is not None:
+            self._waiters.disconnect()
+
+
+def _timeout_ms(timeout: float | None) -> str:
+    """A job's time limit as the scripts store it: whole ms, '' for none."""
+    if timeout is None:
+        return ""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+            math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    return str(max(1, math.ceil(timeout * 1000)))
+
+
+def _dedup_ms(dedup_s: float | None) -> str:
+    """How long a completed job's id stays reserved, in whole ms; '' for none (or 0)."""
+    if dedup_s is None:
+        return ""
+    if isinstance(dedup_s, bool) or not isinstance(dedup_s, (int, float)) or not (
+            math.isfinite(dedup_s) and dedup_s >= 0):
+        raise ValueError(f"dedup_s must be a finite number of seconds >= 0, got {dedup_s!r}")
+    ms = math.ceil(dedup_s * 1000)
+    return str(ms) if ms > 0 else ""

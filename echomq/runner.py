@@ -1,19 +1,33 @@
-"""Run one claimed job through its handler and turn what happened into an Outcome."""
+"""Run one claimed job through its handler and turn what happened into an Outcome.
+
+A handler is sync or async. :meth:`Runner.run` calls it in the calling thread
+(an awaitable it returns is awaited on the runner's own event loop);
+:meth:`Runner.run_async` runs it on the caller's event loop, a sync handler in
+the given thread pool. The time limit is the job's ``timeout`` or the
+consumer's ``job_timeout``: an async job past it is cancelled; a sync one
+cannot be interrupted in its thread, so the supervisor ends its process.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
 import json
 import random
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Executor
 from typing import Any, Protocol
 
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
+from echomq.control import Fail, Retry
 from echomq.errors import CorruptJob
 from echomq.job import Claimed, Job
 from echomq.lanes import Outcome
+from echomq.tracing import handler_span
 
 MAX_ERROR_CHARS = 16_384
 
@@ -23,20 +37,42 @@ class Handler(Protocol):
 
 
 HandlerLike = Handler | Callable[[Job], Any] | Mapping[str, Callable[[Job], Any]]
+ProgressFn = Callable[[str, str, Any], bool]
+
+
+def timed_out_text(timeout: float) -> str:
+    return f"timed out after {timeout:g} s"
+
+
+class JobTimedOut(Exception):  # noqa: N818 - it is the outcome's name
+    """The job ran past its time limit."""
 
 
 class Runner:
     """Calls the handler for each job; never lets a handler's exception escape."""
 
-    def __init__(self, queue: str, handler: HandlerLike, settings: QueueSettings) -> None:
+    def __init__(self, queue: str, handler: HandlerLike, settings: QueueSettings,
+                 progress: ProgressFn | None = None) -> None:
         self.queue = queue
         self.handler = handler
         self.settings = settings
+        self.progress = progress
         self.rng = random.Random()
         self.avg_s = 0.0  # moving average of handler time, sizes claim batches
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def run(self, claimed: Claimed) -> Outcome:
-        """Run one job; returns completed, failed (retry or dead by attempts) or dead."""
+    # --- what kind of handler -------------------------------------------------------
+
+    def has_async(self) -> bool:
+        """True when any handler is an ``async def`` (it needs the consumer's event loop)."""
+        fns = self.handler.values() if isinstance(self.handler, Mapping) else [self.handler]
+        return any(is_async(fn) for fn in fns)
+
+    def timeout_of(self, claimed: Claimed) -> float | None:
+        return claimed.timeout if claimed.timeout is not None else self.settings.job_timeout
+
+    def prepare(self, claimed: Claimed) -> tuple[Job, Callable[[Job], Any]] | Outcome:
+        """The job and its handler, or the dead Outcome of a job that cannot run."""
         try:
             job = claimed.to_job(self.queue)
         except CorruptJob as exc:
@@ -45,21 +81,88 @@ class Runner:
         if fn is None:
             return Outcome(claimed.id, claimed.token, "d",
                            f"unknown handler {job.name!r} for queue {self.queue!r}")
+        if self.progress is not None:
+            report = self.progress
+            job.bind_progress(lambda value: report(claimed.id, claimed.token, value))
+        return job, fn
+
+    # --- running --------------------------------------------------------------------
+
+    def run(self, claimed: Claimed) -> Outcome:
+        """Run one job in this thread; returns completed, failed or dead."""
+        prepared = self.prepare(claimed)
+        if isinstance(prepared, Outcome):
+            return prepared
+        job, fn = prepared
+        timeout = self.timeout_of(claimed)
         start = time.perf_counter()
         try:
-            result = fn(job)
+            # a producer that was tracing: run in a span linked to its context
+            with handler_span(self.queue, job.name, job.id, claimed.trace) if claimed.trace \
+                    else contextlib.nullcontext():
+                result = fn(job)
+                if inspect.isawaitable(result):
+                    result = self._own_loop().run_until_complete(_bounded(result, timeout))
         except Exception as exc:  # a handler failure is data, not a crash
             self._observe(start)
-            text = "".join(traceback.format_exception(exc))[-MAX_ERROR_CHARS:]
-            return Outcome(claimed.id, claimed.token, "f", text, self._retry_ms(claimed))
+            return self.failed(claimed, exc, timeout)
         self._observe(start)
+        return self.completed(claimed, result)
+
+    async def run_async(self, claimed: Claimed, job: Job, fn: Callable[[Job], Any],
+                        threads: Executor) -> Outcome:
+        """Run one job on the running loop: a coroutine here, a sync handler in ``threads``."""
+        timeout = self.timeout_of(claimed)
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        try:
+            if is_async(fn):
+                result = await _bounded(fn(job), timeout)
+            else:
+                result = await loop.run_in_executor(threads, fn, job)
+                if inspect.isawaitable(result):
+                    result = await _bounded(result, timeout)
+        except Exception as exc:
+            self._observe(start)
+            return self.failed(claimed, exc, timeout)
+        self._observe(start)
+        return self.completed(claimed, result)
+
+    # --- outcomes -------------------------------------------------------------------
+
+    def completed(self, claimed: Claimed, result: Any) -> Outcome:
         return Outcome(claimed.id, claimed.token, "c", self._encode_result(result))
+
+    def failed(self, claimed: Claimed, exc: BaseException, timeout: float | None) -> Outcome:
+        """Retry (by backoff, or after Retry's delay), or dead at once for Fail."""
+        if isinstance(exc, JobTimedOut):
+            return Outcome(claimed.id, claimed.token, "f", timed_out_text(timeout or 0),
+                           self.retry_ms(claimed))
+        text = "".join(traceback.format_exception(exc))[-MAX_ERROR_CHARS:]
+        if isinstance(exc, Fail):
+            return Outcome(claimed.id, claimed.token, "d", text)
+        if isinstance(exc, Retry):
+            return Outcome(claimed.id, claimed.token, "f", text, int(exc.delay * 1000))
+        return Outcome(claimed.id, claimed.token, "f", text, self.retry_ms(claimed))
+
+    def retry_ms(self, claimed: Claimed) -> int:
+        return retry_ms_of(self.settings, claimed.attempts, claimed.backoff, self.rng)
 
     def batch_size(self, flush_window_s: float = 0.01) -> int:
         """How many jobs to claim at once: a full batch for fast handlers, one for slow ones."""
         if self.avg_s <= 0:
             return 1
         return max(1, min(self.settings.claim_batch, int(flush_window_s / self.avg_s)))
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    def _own_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop
 
     def _observe(self, start: float) -> None:
         elapsed = time.perf_counter() - start
@@ -69,11 +172,6 @@ class Runner:
         if isinstance(self.handler, Mapping):
             return self.handler.get(name)
         return self.handler
-
-    def _retry_ms(self, claimed: Claimed) -> int:
-        backoff = Backoff.decode(claimed.backoff) if claimed.backoff else None
-        delay = (backoff or self.settings.backoff).delay(claimed.attempts, self.rng)
-        return int(delay * 1000)
 
     def _encode_result(self, result: Any) -> str:
         if result is None:
@@ -85,3 +183,32 @@ class Runner:
         if len(text) > self.settings.max_payload_bytes:
             return json.dumps(f"<result of {len(text)} bytes not kept>")
         return text
+
+
+def retry_ms_of(settings: QueueSettings, attempts: int, backoff_text: str,
+                rng: random.Random | None = None) -> int:
+    """Milliseconds before the retry of failed attempt ``attempts``: the job's own backoff
+    (its encoded text) or the queue's."""
+    backoff = Backoff.decode(backoff_text) if backoff_text else None
+    return int((backoff or settings.backoff).delay(attempts, rng) * 1000)
+
+
+def is_async(fn: Any) -> bool:
+    """An ``async def`` function (or a callable object whose ``__call__`` is one)."""
+    call = type(fn).__call__ if not inspect.isfunction(fn) else None
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+async def _bounded(awaitable: Awaitable[Any], timeout: float | None) -> Any:
+    """Await within the time limit; our own limit raises JobTimedOut (a TimeoutError the
+    handler raised itself stays a plain failure)."""
+    if timeout is None:
+        return await awaitable
+    try:
+        async with asyncio.timeout(timeout) as scope:
+            return await awaitable
+    except TimeoutError:
+        if scope.expired():
+            raise JobTimedOut(timed_out_text(timeout)) from None
+        raise
+

@@ -38,6 +38,15 @@ class Settled(IntEnum):
     DEAD = 3
 
 
+class Cancelled(IntEnum):
+    """Codes returned by ``cancel.lua``."""
+
+    NOT_FOUND = 0
+    CANCELLED = 1
+    ACTIVE = 2
+    FINISHED = 3
+
+
 class LuaScript:
     """One script file: its source, SHA1 and the number of KEYS its header declares."""
 
@@ -68,27 +77,47 @@ class LuaScript:
         pipe.evalsha(self.sha, self.num_keys, *keys, *args)
 
 
-ADMIT = LuaScript("admit", 2)
-SCHEDULE = LuaScript("schedule", 4)
-CLAIM = LuaScript("claim", 4)
+ADMIT = LuaScript("admit", 5)
+SCHEDULE = LuaScript("schedule", 5)
+CLAIM = LuaScript("claim", 6)
 SETTLE = LuaScript("settle", 9)
 EXTEND = LuaScript("extend", 1)
 REAP = LuaScript("reap", 7)
-PROMOTE = LuaScript("promote", 3)
-COUNTS = LuaScript("counts", 6)
-RETRY_DEAD = LuaScript("retry_dead", 3)
-LEAD = LuaScript("lead", 5)
+PROMOTE = LuaScript("promote", 4)
+COUNTS = LuaScript("counts", 8)
+RETRY_DEAD = LuaScript("retry_dead", 4)
+LEAD = LuaScript("lead", 6)
 SPILL = LuaScript("spill", 2)
 RESTORE = LuaScript("restore", 3)
+BURY = LuaScript("bury", 4)
+TRIM_DEAD = LuaScript("trim_dead", 2)
+AWAIT = LuaScript("await", 2)
+PROGRESS = LuaScript("progress", 1)
+PAUSE = LuaScript("pause", 1)
+RESUME = LuaScript("resume", 3)
+CANCEL = LuaScript("cancel", 6)
+JOBS = LuaScript("jobs", 2)
+PURGE = LuaScript("purge", 1)
+SURVEY = LuaScript("survey", 1)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE)
+       RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY)
 
 
 def load_all(client: redis.Redis, key: str | None = None) -> None:
-    """SCRIPT LOAD every script (once per connection target, before pipelining): on
-    the node owning ``key``'s slot, or on every primary of a cluster when no key."""
-    for script in ALL:
-        script.load(client, key)
+    """SCRIPT LOAD every script the server lacks (once per connection target, before
+    pipelining): one SCRIPT EXISTS when they are all there, as after a sibling's load.
+    On a cluster: on the node owning ``key``'s slot, or on every primary when no key."""
+
+    def load(node: redis.Redis) -> None:
+        present = node.script_exists(*(script.sha for script in ALL))
+        for script, loaded in zip(ALL, present, strict=True):
+            if not loaded:
+                node.script_load(script.source)
+
+    if key is None:
+        load(client)
+    else:
+        on_node(client, key, load)
 
 
 def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
@@ -146,15 +175,15 @@ def _settle(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
 # --- typed wrappers: keys are chosen here, once ---------------------------------
 
 def admit_keys(k: Keys) -> list[str]:
-    return [k.ring, k.wake]
+    return [k.ring, k.wake, k.spilled, k.stats, k.paused]
 
 
 def schedule_keys(k: Keys) -> list[str]:
-    return [k.schedule, k.wake, k.meta, k.fold]
+    return [k.schedule, k.wake, k.meta, k.fold, k.spilled]
 
 
 def claim_keys(k: Keys) -> list[str]:
-    return [k.ring, k.leases, k.tokens, k.wake]
+    return [k.ring, k.leases, k.tokens, k.wake, k.stats, k.paused]
 
 
 def settle_keys(k: Keys) -> list[str]:
@@ -167,7 +196,8 @@ def reap_keys(k: Keys) -> list[str]:
 
 def promote(client: redis.Redis, k: Keys, batch: int) -> tuple[int, int, int]:
     """Promote due jobs: (promoted, next due ms or -1, server now ms)."""
-    promoted, next_due, now = PROMOTE(client, [k.schedule, k.ring, k.wake], [k.prefix, batch])
+    promoted, next_due, now = PROMOTE(client, [k.schedule, k.ring, k.wake, k.stats],
+                                       [k.prefix, batch])
     return int(promoted), int(next_due), int(now)
 
 
@@ -202,10 +232,87 @@ def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str
     return [bool(x) for x in EXTEND(client, [k.leases], args)]
 
 
-def counts(client: redis.Redis, k: Keys) -> list[int]:
-    keys = [k.ring, k.schedule, k.leases, k.dead, k.stats, k.meta]
-    return [int(x) for x in COUNTS(client, keys, [k.prefix])]
+def progress(client: redis.Redis, k: Keys, lease_ms: int, job_id: str, token: str,
+             value: str) -> bool:
+    """Record a running job's progress (JSON text) and extend its lease; False if stale."""
+    return bool(PROGRESS(client, [k.leases], [k.prefix, lease_ms, job_id, token, value]))
+
+
+def trim_dead(client: redis.Redis, k: Keys, keep_count: int, keep_age_ms: int,
+              limit: int = 1000) -> int:
+    """Drop dead jobs beyond the retention (-1: no limit); returns how many."""
+    return int(TRIM_DEAD(client, [k.dead, k.stats], [k.prefix, keep_count, keep_age_ms, limit]))
+
+
+def counts_keys(k: Keys) -> list[str]:
+    """KEYS of the counts script (shared with the asyncio Queue)."""
+    return [k.ring, k.schedule, k.leases, k.dead, k.stats, k.spilled, k.cancelled, k.paused]
+
+
+def counts_args(k: Keys, *, fast: bool = False) -> list[str]:
+    """ARGV of the counts script; ``fast`` reads waiting from the scripts' counter."""
+    return [k.prefix, "fast" if fast else ""]
+
+
+def counts(client: redis.Redis, k: Keys, *, fast: bool = False) -> list[int]:
+    """{waiting, scheduled, active, completed, dead, retried, spilled, lanes, cancelled,
+    paused}. ``fast``: waiting from the counter the scripts keep, O(1) at any number of
+    lanes."""
+    return [int(x) for x in COUNTS(client, counts_keys(k), counts_args(k, fast=fast))]
+
+
+def await_keys(k: Keys, job_id: str) -> list[str]:
+    """KEYS of the await script: the job hash and its result doorbell."""
+    return [k.job(job_id), k.done(job_id)]
 
 
 def retry_dead(client: redis.Redis, k: Keys, ids: Sequence[str], limit: int) -> int:
-    return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake], [k.prefix, limit, *ids]))
+    return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake, k.stats], [k.prefix, limit, *ids]))
+
+
+# --- operations: pause, cancel, listing, purging ---------------------------------
+
+def pause(client: redis.Redis, k: Keys) -> bool:
+    """Pause the queue; False when it already was."""
+    return bool(PAUSE(client, [k.paused], []))
+
+
+def resume(client: redis.Redis, k: Keys) -> bool:
+    """Resume the queue (ringing when jobs wait); False when it was not paused."""
+    return bool(RESUME(client, [k.paused, k.ring, k.wake], [k.prefix]))
+
+
+def cancel(client: redis.Redis, k: Keys, job_id: str) -> Cancelled:
+    keys = [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats]
+    return Cancelled(int(CANCEL(client, keys, [k.prefix, job_id])))
+
+
+def state_source(k: Keys, state: str) -> str:
+    """The zset that holds the jobs of a state (waiting jobs live on lanes instead)."""
+    return {"waiting": k.ring, "scheduled": k.schedule, "active": k.leases,
+            "completed": k.completed, "dead": k.dead, "cancelled": k.cancelled}[state]
+
+
+def jobs(client: redis.Redis, k: Keys, state: str, cursor: str, limit: int
+         ) -> tuple[str, list[list[bytes]]]:
+    """One page of a state: (next cursor or "", the jobs' flat HGETALL arrays)."""
+    reply = JOBS(client, [k.ring, state_source(k, state)], [k.prefix, state, cursor, limit])
+    head = reply[0]
+    return (head.decode() if isinstance(head, bytes) else str(head)), list(reply[1:])
+
+
+def purge(client: redis.Redis, k: Keys, state: str, limit: int) -> tuple[int, int]:
+    """Delete up to ``limit`` of a finished state's oldest jobs: (purged, remaining)."""
+    purged, remaining = PURGE(client, [state_source(k, state)], [k.prefix, limit])
+    return int(purged), int(remaining)
+
+
+def survey(client: redis.Redis, k: Keys, scan: int, top: int, heads: int
+           ) -> tuple[int, int, int, int, list[tuple[str, int]]]:
+    """(lanes, lanes scanned, oldest created_ms of the first ``heads`` lanes' head jobs or
+    -1, server now ms, [(lane, waiting)] longest first)."""
+    reply = SURVEY(client, [k.ring], [k.prefix, scan, top, heads])
+    pairs = reply[4:]
+    lanes = [((pairs[i].decode() if isinstance(pairs[i], bytes) else str(pairs[i])),
+              int(pairs[i + 1])) for i in range(0, len(pairs), 2)]
+    return int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), lanes

@@ -1,16 +1,44 @@
-"""The parked side of the doorbell: ``BLPOP emq:{q}:wake <beat>`` on its own connection.
+"""The parked side of the doorbell, in its two kinds, on its own connection.
+
+``list`` (default): ``BLPOP emq:{q}:wake <beat>``, rung by ``LPUSH wake '1'``
++ ``LTRIM 0 63``. ``marker``: ``BZPOPMIN emq:{q}:marker <beat>``, rung by
+``ZADD marker 0 "0"`` for work that is claimable now, and by ``ZADD marker
+<due> "1"`` when a deferred job becomes the schedule's head. Popping a
+marker scored in the future tells the parked side when to promote next (the
+schedule head without a separate read); it keeps that time on its own
+timer and, when it stops before acting on it, puts the marker back
+(``ZADD LT``) so the next waiter learns it. Putting it back at once instead
+would hand it straight to the next ``BZPOPMIN`` (its own or a sibling's)
+in a loop.
+
+The queue's meta records the kind (field ``doorbell``) and every ringing
+script rings that one only, through one pattern (meta and marker keys built
+from the ``emq:{q}:`` prefix, ARGV[1], like job and lane keys)::
+
+    if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+      redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')   -- or <due>, '1' for a new head
+    else
+      redis.call('LPUSH', KEYS[w], '1')
+      redis.call('LTRIM', KEYS[w], 0, 63)
+    end
+
+(tests/core/test_doorbell.py checks every script against it). :func:`claim_doorbell`
+records the kind when consumers
+start and refuses a consumer of the other kind, whose parked calls would
+never be rung. Switching is explicit (``switch=True``, the supervisor's
+``--switch-doorbell``), with every consumer of the queue stopped.
 
 The call is sent and then left outstanding, so its socket can sit in a
 selector beside pipes and timers: the owner reads the reply when the socket
 becomes readable, and does other work (a promote due on a local timer, a
 drain) on its command connection meanwhile. Cancelling uses ``CLIENT
-UNBLOCK``; a token that arrived in that instant is pushed back so no other
-waiter loses its wake-up.
+UNBLOCK``; a token or marker that arrived in that instant is put back so no
+other waiter loses its wake-up.
 
 On a cluster the connection goes to the node owning the queue's slot. A reply of
 MOVED (the slot moved, or a replica took over) or ASK (the slot is moving) ends
-the call like a quiet beat; the next arm goes where the redirect pointed. After a
-lost connection the next arm re-reads the cluster's slot map first, so a
+the call like a lost connection; the next arm goes where the redirect pointed. After
+a lost connection the next arm re-reads the cluster's slot map first, so a
 promoted replica is found within the failover time.
 """
 
@@ -23,32 +51,89 @@ from typing import Any
 import redis
 import redis.exceptions
 
+from echomq.config import DOORBELLS
 from echomq.connection import blocking_connection, is_cluster, learn_redirect, refresh
+from echomq.errors import ConfigError
+from echomq.keys import Keys
 
 BLOCK_GRACE_S = 5.0  # a reply this late past the block means the connection is dead
+KINDS = DOORBELLS
+NOW_MEMBER = b"0"  # marker member for claimable work; "1" carries the schedule head's due
+
+
+class DoorbellMismatch(ConfigError):
+    """The queue's consumers park on the other kind of doorbell."""
+
+
+def validate_kind(kind: object) -> str:
+    """Return ``kind`` if it is a doorbell kind, else raise ConfigError."""
+    if kind not in KINDS:
+        raise ConfigError(f"doorbell must be one of {', '.join(KINDS)}, got {kind!r}")
+    return str(kind)
+
+
+def claim_doorbell(client: redis.Redis, keys: Keys, kind: str, *, switch: bool = False) -> None:
+    """Record ``kind`` in the queue's meta, or refuse when it names the other kind.
+
+    With ``switch`` the meta is overwritten and the new doorbell rung once, so
+    work admitted under the old kind is picked up.
+    """
+    validate_kind(kind)
+    if switch:
+        client.hset(keys.meta, "doorbell", kind)
+    elif not client.hsetnx(keys.meta, "doorbell", kind):
+        current = client.hget(keys.meta, "doorbell")
+        recorded = current.decode() if isinstance(current, bytes) else current
+        if recorded != kind:
+            raise DoorbellMismatch(
+                f"queue {keys.queue!r}: its consumers park on the {recorded!r} doorbell "
+                f"(recorded in {keys.meta}), this one was started with {kind!r}. Start it "
+                f"with --doorbell {recorded}, or stop every consumer of the queue and start "
+                f"again with --doorbell {kind} --switch-doorbell.")
+        return
+    ring(client, keys, kind)
+
+
+def ring(client: redis.Redis, keys: Keys, kind: str) -> None:
+    """Ring from Python (the scripts ring on their own): claimable work, now."""
+    if kind == "marker":
+        client.zadd(keys.marker, {NOW_MEMBER: 0})
+    else:
+        client.lpush(keys.wake, "1")
+        client.ltrim(keys.wake, 0, 63)
 
 
 class Doorbell:
-    """One outstanding BLPOP on the wake key of a queue."""
+    """One outstanding BLPOP (``list``) or BZPOPMIN (``marker``) on a queue's doorbell."""
 
-    def __init__(self, client: redis.Redis, wake_key: str, beat_s: float) -> None:
+    def __init__(self, client: redis.Redis, key: str | Keys, beat_s: float,
+                 kind: str = "list") -> None:
         self.client = client  # command connection: CLIENT UNBLOCK and re-ringing go here
-        self.wake_key = wake_key
+        self.kind = validate_kind(kind)
+        if isinstance(key, Keys):
+            key = key.marker if kind == "marker" else key.wake
+        self.key = key
         self.beat_s = max(0.01, beat_s)
-        self.conn: Any = blocking_connection(client, wake_key, self.beat_s + BLOCK_GRACE_S)
+        self.conn: Any = blocking_connection(client, key, self.beat_s + BLOCK_GRACE_S)
         self.client_id: int | None = None
         self.armed_at: float | None = None
         self.redirect: tuple[str, int, bool] | None = None  # where MOVED/ASK pointed, ASK?
         self.asking = False  # this connection follows an ASK: send ASKING before each call
         self.lost = False  # the connection failed: re-read the slot map before reconnecting
         self.failed: BaseException | None = None  # seen by buffered(), raised by collect()
+        self.due_ms: int | None = None  # the last popped marker's due time (server ms)
+        self.next_due_ms: int | None = None  # the owner's schedule head, put back on close
+
+    @property
+    def wake_key(self) -> str:
+        return self.key
 
     @property
     def armed(self) -> bool:
         return self.armed_at is not None
 
     def arm(self) -> None:
-        """Send the BLPOP unless one is outstanding. Raises redis ConnectionError on failure."""
+        """Send the blocking pop unless one is outstanding. Raises redis ConnectionError."""
         if self.armed_at is not None:
             return
         if self.client_id is None:
@@ -59,11 +144,12 @@ class Doorbell:
         if self.asking:
             self.conn.send_command("ASKING")
             self.conn.read_response()
-        self.conn.send_command("BLPOP", self.wake_key, self.beat_s)
+        verb = "BZPOPMIN" if self.kind == "marker" else "BLPOP"
+        self.conn.send_command(verb, self.key, self.beat_s)
         self.armed_at = time.monotonic()
 
     def _route(self) -> None:
-        """On a cluster, (re)make the connection for the node that serves the wake key now."""
+        """On a cluster, (re)make the connection for the node that serves the key now."""
         if not is_cluster(self.client):
             return
         if self.lost:
@@ -71,7 +157,7 @@ class Doorbell:
             self.lost = False
         address = self.redirect[:2] if self.redirect else None
         self.asking = bool(self.redirect and self.redirect[2])
-        self.conn = blocking_connection(self.client, self.wake_key, self.beat_s + BLOCK_GRACE_S,
+        self.conn = blocking_connection(self.client, self.key, self.beat_s + BLOCK_GRACE_S,
                                         address)
         self.redirect = None  # one connection only: afterwards the slot map decides again
 
@@ -93,14 +179,39 @@ class Doorbell:
             return True
 
     def collect(self) -> bool:
-        """Read the BLPOP reply (call when readable): True for a token, False for a timeout."""
-        if self.armed_at is None and self.failed is None:
-            return False  # cancelled since the socket was seen readable: nothing to read
+        """Read the reply (call when readable): True for a ring of claimable work.
+
+        A marker scored by a due time returns False and leaves that time in
+        ``due_ms`` (server clock, ms) for the owner's promote timer.
+        """
+        reply = self._read()
+        if reply is None:
+            return False
+        if self.kind == "marker":
+            _, member, score = reply
+            if member != NOW_MEMBER:
+                self.due_ms = int(float(score))
+                return False
+        return True
+
+    def take_due(self) -> int | None:
+        """The due time the last marker announced (once), or None. It is also kept as the
+        schedule head to put back on close, until the owner's next promote replaces it."""
+        due, self.due_ms = self.due_ms, None
+        if due is not None and (self.next_due_ms is None or due < self.next_due_ms):
+            self.next_due_ms = due
+        return due
+
+    def _read(self) -> Any:
+        """The outstanding call's reply; None when there is none (a timeout, or cancelled
+        since the socket was seen readable: nothing to read)."""
         if self.failed is not None:
             exc, self.failed = self.failed, None
             self.reset()
             self.lost = True
             raise redis.exceptions.ConnectionError(str(exc)) from exc
+        if self.armed_at is None:
+            return None
         try:
             reply = self.conn.read_response()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
@@ -111,9 +222,10 @@ class Doorbell:
                 redis.exceptions.TryAgainError) as exc:
             self._redirected(exc)
             # as a lost connection: the owner unregisters the closed socket and re-arms
-            raise redis.exceptions.ConnectionError(f"wake key served elsewhere: {exc}") from exc
+            raise redis.exceptions.ConnectionError(f"doorbell key served elsewhere: {exc}") \
+                from exc
         self.armed_at = None
-        return reply is not None
+        return reply
 
     def _redirected(self, exc: redis.exceptions.ResponseError) -> None:
         """The slot is served elsewhere (MOVED), is moving (ASK) or has no master yet."""
@@ -133,7 +245,7 @@ class Doorbell:
     def wait(self, timeout_s: float, *extra_fds: int) -> tuple[bool, list[int]]:
         """Arm and wait up to ``timeout_s`` for the reply or one of ``extra_fds``.
 
-        Returns (rung, ready extra fds). ``rung`` is True when a token was taken.
+        Returns (rung, ready extra fds). ``rung`` is True when a ring was taken.
         """
         self.arm()
         if self.buffered():
@@ -148,14 +260,18 @@ class Doorbell:
         return rung, others
 
     def cancel(self) -> None:
-        """End an outstanding BLPOP without stealing a token meant for another waiter."""
+        """End an outstanding pop without stealing a ring meant for another waiter."""
         if self.armed_at is None:
             return
         try:
             self._node_client().execute_command("CLIENT", "UNBLOCK", self.client_id, "TIMEOUT")
-            if self.collect():
-                self.client.lpush(self.wake_key, "1")
-                self.client.ltrim(self.wake_key, 0, 63)
+            reply = self._read()
+            if reply is not None and self.kind == "marker":
+                _, member, score = reply
+                self.client.zadd(self.key, {member: float(score)}, lt=True)
+            elif reply is not None:
+                self.client.lpush(self.key, "1")
+                self.client.ltrim(self.key, 0, 63)
         except redis.exceptions.RedisError:
             self.reset()  # no permission for CLIENT UNBLOCK, or the server is gone
         except OSError:
@@ -170,6 +286,17 @@ class Doorbell:
             raise redis.exceptions.ConnectionError("doorbell node left the cluster")
         return self.client.get_redis_connection(node)
 
+    def put_back(self) -> None:
+        """Marker kind: hand the schedule head the owner knows to the next waiter."""
+        due = self.due_ms if self.due_ms is not None else self.next_due_ms
+        self.due_ms = self.next_due_ms = None
+        if self.kind != "marker" or due is None:
+            return
+        try:
+            self.client.zadd(self.key, {b"1": due}, lt=True)
+        except (redis.exceptions.RedisError, OSError):
+            pass  # the server is gone; the others' safety promote finds the head
+
     def reset(self) -> None:
         """Drop the connection; the next arm() reconnects and sends a fresh call."""
         self.armed_at = None
@@ -182,4 +309,5 @@ class Doorbell:
 
     def close(self) -> None:
         self.cancel()
+        self.put_back()
         self.reset()

@@ -19,26 +19,37 @@ from typing import Any
 
 from echomq.supervisor import protocol
 from echomq.supervisor.children import Child, fork_child, sever_client
-from echomq.supervisor.handlers import import_handler
+from echomq.supervisor.handlers import load_handler
+from echomq.supervisor.holdings import FINISHED, HELD, RUNNING, Held, runs_by_mode
 from echomq.supervisor.logs import event
 from echomq.supervisor.metronome import Metronome
+from echomq.supervisor.observations import Tally
+from echomq.supervisor.outage import Availability
 from echomq.supervisor.recycle import over_memory
 from echomq.supervisor.settings import QueueSpec, Settings
 from echomq.supervisor.signals import SignalPipe, sever
 
 from echomq import scripts
 from echomq.config import QueueSettings
-from echomq.connection import NETWORK_ERRORS, client_from_url, redact_url
-from echomq.keys import Keys
+from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, redact_url
+from echomq.keys import REGISTRY, Keys
+from echomq.lanes import Lanes, Outcome
+from echomq.runner import retry_ms_of, timed_out_text
+from echomq.wake import DoorbellMismatch, claim_doorbell
 
 log = logging.getLogger("echomq.supervisor")
 CRASH_BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 30.0  # a child that lived this long was not crash-looping
 RECYCLE_CHECK_S = 5.0
+EXIT_DOORBELL = 2  # the queue's doorbell was switched to the other kind (as cli's EXIT_USAGE)
+# what a dead child's jobs cost them: only the one that was running is charged a stall;
+# one that finished (outcome not settled) or never started runs again without a charge
+RELEASE_MODES = {RUNNING: "stall", FINISHED: "unstarted", HELD: "unstarted"}
+UNCHARGED = {RUNNING: "unstarted", FINISHED: "unstarted", HELD: "unstarted"}
 
 
 class BootFailed(Exception):
-    """A child could not load its handler: respawning would not help."""
+    """A child could not start (it said BOOTFAIL): respawning would not help."""
 
 
 @dataclass
@@ -60,9 +71,8 @@ class QueueRuntime:
     handler: Callable[..., Any]
     metronome: Metronome
     slots: list[Slot]
+    availability: Availability
     work_seen: float = 0.0
-    healthy: bool = True
-    failures: int = 0
     claim_jobs: int = 0
     claim_wait_us: int = 0
     restarts: int = 0
@@ -72,6 +82,10 @@ class QueueRuntime:
     @property
     def children(self) -> list[Child]:
         return [s.child for s in self.slots if s.child is not None]
+
+    @property
+    def healthy(self) -> bool:
+        return self.availability.ok
 
 
 class Arbiter:
@@ -88,11 +102,15 @@ class Arbiter:
         self.queues: dict[str, QueueRuntime] = {}
         for spec in settings.queues:
             qs = QueueSettings(beat_ms=settings.beat_ms, lease_ms=settings.lease_ms,
-                               durability=settings.durability_of(spec))
+                               durability=settings.durability_of(spec),
+                               keep_dead=settings.keep_dead, keep_dead_s=settings.keep_dead_s,
+                               doorbell=settings.doorbell, concurrency=settings.concurrency,
+                               job_timeout=settings.job_timeout)
             self.queues[spec.name] = QueueRuntime(
-                spec=spec, settings=qs, handler=import_handler(spec.handler),
+                spec=spec, settings=qs, handler=load_handler(spec),
                 metronome=Metronome(spec.name, self.client, qs),
                 slots=[Slot(i) for i in range(spec.processes)],
+                availability=Availability(spec.name, self.where, settings.beat_ms / 1000),
             )
         if scheduler_factory is not None:
             for rt in self.queues.values():
@@ -108,6 +126,7 @@ class Arbiter:
         self.exit_code = 0
         self.forget_in_child: list[Callable[[], None]] = []
         self.pids: dict[int, Child] = {}
+        self.observed = Tally()  # the children's job observations, for /metrics
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -120,7 +139,7 @@ class Arbiter:
             self.forget_in_child.append(self.floor.forget_after_fork)
         for rt in self.queues.values():
             self.forget_in_child.append(lambda rt=rt: self._forget_doorbell(rt))
-            self._prepare_queue(rt)
+            self._prepare_queue(rt, at_start=True)
         event(log, "start", "supervisor started: %s, queues %s", self.where,
               ", ".join(f"{q}×{rt.spec.processes}" for q, rt in self.queues.items()),
               pid=os.getpid())
@@ -131,7 +150,7 @@ class Arbiter:
                     break
         except BootFailed as exc:
             log.error("%s", exc)
-            self._kill_all("requeue")
+            self._kill_all()
             self.exit_code = protocol.EXIT_BOOT_FAILED
         finally:
             for rt in self.queues.values():
@@ -142,14 +161,30 @@ class Arbiter:
         event(log, "exit", "supervisor exiting with %d", self.exit_code, exit=self.exit_code)
         return self.exit_code
 
-    def _prepare_queue(self, rt: QueueRuntime) -> None:
+    def _prepare_queue(self, rt: QueueRuntime, at_start: bool = False) -> None:
         try:
-            scripts.load_all(self.client, Keys(rt.spec.name).prefix)
-            durability = rt.settings.durability or "volatile"
-            self.client.hset(Keys(rt.spec.name).meta, mapping={
-                "fold": "1" if durability != "volatile" else "0", "durability": durability})
-        except NETWORK_ERRORS as exc:
+            self._declare_queue(rt)
+        except DoorbellMismatch as exc:
+            if at_start:
+                raise
+            # switched while this supervisor could not reach Valkey: its parked call would
+            # never be rung again
+            log.error("%s", exc)
+            self.exit_code = EXIT_DOORBELL
+            self._begin_drain()
+        except UNAVAILABLE_ERRORS as exc:
             self._queue_down(rt, time.monotonic(), exc)
+
+    def _declare_queue(self, rt: QueueRuntime) -> None:
+        """Load the scripts and write the queue's meta: a write, so it is also the probe
+        that tells a server refusing writes from one taking them again."""
+        scripts.load_all(self.client, Keys(rt.spec.name).prefix)
+        durability = rt.settings.durability or "volatile"
+        # "fold" is the scheduler's lease (lead.lua), not set here
+        self.client.hset(Keys(rt.spec.name).meta, mapping={"durability": durability})
+        self.client.sadd(REGISTRY, rt.spec.name)  # `echomq queues` lists it
+        claim_doorbell(self.client, rt.metronome.keys, rt.settings.doorbell,
+                       switch=self.settings.switch_doorbell)
 
     def _loop_once(self) -> None:
         now = time.monotonic()
@@ -172,11 +207,13 @@ class Arbiter:
         if not self.stopping:
             deadlines += [rt.metronome.deadline() for rt in self.queues.values()]
             deadlines += [s.respawn_at for rt in self.queues.values() for s in rt.slots
-                          if s.respawn_at is not None and s.child is None]
+                          if s.respawn_at is not None and s.child is None and rt.healthy]
             deadlines += [rt.scheduler.deadline() for rt in self.queues.values()
                           if rt.scheduler is not None]
         if any(rt.children for rt in self.queues.values()):
             deadlines.append(self.next_extend)
+        deadlines += [d for rt in self.queues.values() for c in rt.children
+                      if not c.timed_out and (d := c.holdings.deadline())]
         if self.settings.max_memory_mb:
             deadlines.append(self.next_recycle)
         if self.drain_deadline is not None:
@@ -193,7 +230,7 @@ class Arbiter:
             if self.stopping and signum == signal.SIGINT:
                 event(log, "drain-abort", "second SIGINT: stopping now, requeueing jobs",
                       signal=name)
-                self._kill_all("requeue")
+                self._kill_all()
             elif not self.stopping:
                 event(log, "drain", "%s: draining (up to %.1fs)", name,
                       self.settings.drain_timeout, signal=name)
@@ -214,7 +251,7 @@ class Arbiter:
         """SIGHUP: reload handler modules, then replace each child once it finishes its job."""
         for rt in self.queues.values():
             try:
-                rt.handler = import_handler(rt.spec.handler, reload=True)
+                rt.handler = load_handler(rt.spec, reload=True)
             except Exception as exc:
                 log.error("SIGHUP: keeping the loaded handler of %s: %s", rt.spec.name, exc)
                 continue
@@ -249,12 +286,16 @@ class Arbiter:
               queue=rt.spec.name, pid=child.pid)
 
     def _sibling_forgetter(self) -> Callable[[], None]:
-        """Drop the pipe ends of every child alive now (so a dead child's EOF arrives)."""
+        """Drop the pipe ends of every child alive now (so a dead child's EOF arrives), and
+        the view of their shared tables."""
         socks = [c.sock for c in self.pids.values()]
+        tables = [c.holdings for c in self.pids.values()]
 
         def forget() -> None:
             for sock in socks:
                 sever(sock)
+            for table in tables:
+                table.close()
 
         return forget
 
@@ -267,21 +308,22 @@ class Arbiter:
     def _consume_lines(self, child: Child) -> None:
         rt = self.queues[child.queue]
         for line in child.reader.read():
-            if line.startswith(protocol.HOLD):
-                child.held = protocol.parse_hold(line)
+            if line.startswith(protocol.OBS):
+                self.observed.merge(child.queue, line)
             elif line.startswith(protocol.IDLE):
                 parts = line.split()
                 jobs = int(parts[1]) if len(parts) > 1 else 0
                 rt.claim_jobs += jobs
                 rt.claim_wait_us += int(parts[2]) if len(parts) > 2 else 0
                 child.jobs += jobs
-                child.held = []
                 if child.state == "busy":
                     child.state = "idle"
                 if jobs:
                     self._slot_of(child).crashes = 0
                 if rt.work_seen >= child.poked_at and not self.stopping:
                     self._poke(rt, child)  # work may have come after its last claim
+            elif line.startswith((protocol.REFUSED, protocol.BOOTFAIL)):
+                self._on_child_trouble(rt, child, line)
             elif line == protocol.READY and child.state == "starting":
                 child.state = "idle"
                 if not self.stopping:
@@ -316,36 +358,36 @@ class Arbiter:
     def _on_child_exit(self, child: Child, status: int) -> None:
         rt = self.queues[child.queue]
         slot = self._slot_of(child)
-        # SIGCHLD can be read before the child's last lines: its final HOLD must count.
-        # One read takes all a dead child left (a few short lines); no loop, in case a
-        # grandchild still holds the other end open.
+        # SIGCHLD can be read before the child's last lines. One read takes all a dead
+        # child left (a few short lines); no loop, in case a grandchild still holds the
+        # other end open.
         if not child.reader.closed:
             self._consume_lines(child)
         self._unregister_child(child)
         child.sock.close()
         slot.child = None
+        settled_some = child.holdings.dropped() > 0  # got work done: not a crash loop
+        released = self._release_child(rt, child)
         if os.WIFSIGNALED(status):
             how, code = f"killed by {signal.Signals(os.WTERMSIG(status)).name}", -1
         else:
             code = os.WEXITSTATUS(status)
             how = f"exited with {code}"
-        if child.held:
-            self._release(rt, child.held, "requeue" if self.stopping else "stall")
-        if code == protocol.EXIT_BOOT_FAILED:
-            raise BootFailed(f"queue {child.queue}: consumer could not load handler "
-                             f"{rt.spec.handler!r}; stopping")
+        if child.boot_failure is not None:  # its word, not its exit code: a handler may exit 3
+            raise BootFailed(f"queue {child.queue}: consumer could not start "
+                             f"({child.boot_failure}); stopping")
         crashed = not (code in (protocol.EXIT_OK, protocol.EXIT_RECYCLE) or child.respawn_now)
         level = logging.WARNING if crashed and not self.stopping else logging.INFO
         event(log, "child-exit", "queue %s: consumer %d %s%s", child.queue, child.pid, how,
-              f", released {len(child.held)} job(s)" if child.held else "", level=level,
+              f", released {released} job(s)" if released else "", level=level,
               queue=child.queue, pid=child.pid, exit=code)
         if self.stopping:
             return
         now = time.monotonic()
         rt.restarts += 1
         if crashed:
-            if now - child.started_at > STABLE_AFTER_S:
-                slot.crashes = 0
+            if now - child.started_at > STABLE_AFTER_S or settled_some:
+                slot.crashes = 0  # it lived long, or settled a batch: not a crash loop
             slot.crashes += 1
             delay = 0.0 if slot.crashes == 1 else min(
                 CRASH_BACKOFF_MAX_S, 0.25 * 2 ** (slot.crashes - 2))
@@ -357,10 +399,42 @@ class Arbiter:
                   "%.2fs", child.queue, slot.index, slot.crashes, delay,
                   queue=child.queue, delay_s=delay, count=slot.crashes)
 
+    def _release_child(self, rt: QueueRuntime, child: Child) -> int:
+        """Hand back every job a dead child held, each charged for what it was doing;
+        jobs killed for their time limit fail instead. Returns how many were held."""
+        held = child.holdings.entries()
+        child.holdings.close()
+        timed_out = [h for h in held if h.job_id in child.timed_out]
+        rest = [h for h in held if h.job_id not in child.timed_out]
+        if timed_out:
+            self._fail_timed_out(rt, child, timed_out)
+        modes = UNCHARGED if child.timed_out else RELEASE_MODES
+        for mode, run in runs_by_mode(rest, modes):
+            self._release(rt, [h.pair for h in run], mode)
+        return len(held)
+
+    def _fail_timed_out(self, rt: QueueRuntime, child: Child, held: list[Held]) -> None:
+        """Settle jobs whose process was ended at their time limit as failed attempts."""
+        lanes = Lanes(self.client, rt.metronome.keys, rt.settings)
+        try:
+            outcomes = []
+            for h in held:
+                attempts, backoff = self.client.hmget(rt.metronome.keys.job(h.job_id),
+                                                      "attempts", "backoff")
+                retry_ms = retry_ms_of(rt.settings, int(attempts or 1),
+                                       (backoff or b"").decode())
+                text = (f"{timed_out_text(child.timed_out[h.job_id])}: the supervisor ended "
+                        f"process {child.pid}")
+                outcomes.append(Outcome(h.job_id, h.token, "f", text, retry_ms))
+            lanes.settle(outcomes)
+        except UNAVAILABLE_ERRORS as exc:
+            log.warning("queue %s: could not fail %d timed-out job(s) (%s); their leases will "
+                        "expire", rt.spec.name, len(held), exc)
+
     def _release(self, rt: QueueRuntime, held: list[tuple[str, str]], mode: str) -> None:
         try:
             requeued, buried = scripts.release(self.client, rt.metronome.keys, held, mode)
-        except NETWORK_ERRORS as exc:
+        except UNAVAILABLE_ERRORS as exc:
             log.warning("queue %s: could not release %d job(s) (%s); their leases will expire",
                         rt.spec.name, len(held), exc)
             return
@@ -373,7 +447,7 @@ class Arbiter:
     def _slot_of(self, child: Child) -> Slot:
         return self.queues[child.queue].slots[child.slot]
 
-    def _kill_all(self, mode: str) -> None:
+    def _kill_all(self) -> None:
         """The end of the drain ladder: SIGKILL what remains, reap it, requeue its jobs."""
         self.stopping = True
         for child in list(self.pids.values()):
@@ -391,14 +465,15 @@ class Arbiter:
             slot = self._slot_of(child)
             slot.child = None
             if not child.reader.closed:
-                self._consume_lines(child)  # its last HOLD may still be in the pipe
-            if child.held:
-                self._release(self.queues[child.queue], child.held, mode)
+                self._consume_lines(child)
+            self._release_child(self.queues[child.queue], child)
             child.sock.close()
 
     # --- the beat ------------------------------------------------------------------------
 
     def _poke(self, rt: QueueRuntime, child: Child) -> None:
+        if not rt.healthy:
+            return  # it could not settle or claim; every idle child is poked on recovery
         if child.send(protocol.POKE):
             child.state = "busy"
             child.poked_at = time.monotonic()
@@ -416,7 +491,7 @@ class Arbiter:
         now = time.monotonic()
         try:
             rung = rt.metronome.collect_ring()
-        except NETWORK_ERRORS as exc:
+        except UNAVAILABLE_ERRORS as exc:
             self._unregister_doorbell(rt)
             self._queue_down(rt, now, exc)
             return
@@ -442,7 +517,9 @@ class Arbiter:
             try:
                 bell.arm()
                 fd = bell.fileno()
-            except NETWORK_ERRORS as exc:
+                # a close that came after the last select shows here, not in the selector
+                buffered = bell.buffered()
+            except UNAVAILABLE_ERRORS as exc:
                 self._unregister_doorbell(rt)
                 self._queue_down(rt, now, exc)
                 continue
@@ -450,7 +527,7 @@ class Arbiter:
                 self._unregister_doorbell(rt)
                 self.selector.register(fd, selectors.EVENT_READ, rt)
                 rt.metronome.registered_fd = fd
-            if bell.buffered():
+            if buffered:
                 self._on_ring(rt)
 
     def _unregister_doorbell(self, rt: QueueRuntime) -> None:
@@ -466,35 +543,62 @@ class Arbiter:
         sever(getattr(rt.metronome.doorbell.conn, "_sock", None))
         rt.metronome.doorbell.conn._sock = None
 
-    def _queue_down(self, rt: QueueRuntime, now: float, exc: BaseException) -> None:
+    def _queue_down(self, rt: QueueRuntime, now: float, exc: BaseException | None = None,
+                    *, code: str | None = None, detail: str = "") -> None:
+        """The server is unreachable or refuses writes: wait, then probe (see outage.py)."""
         self._unregister_doorbell(rt)  # its socket closes now: its fd may be reused at once
         rt.metronome.doorbell.reset()
-        rt.failures += 1
-        delay = min(5.0, 0.1 * 2 ** min(rt.failures, 6))
-        rt.metronome.retry_later(now, delay)
-        if rt.healthy or rt.failures in (2, 5) or rt.failures % 20 == 0:
-            log.warning("queue %s: Valkey unreachable at %s (%s); retrying in %.1fs",
-                        rt.spec.name, self.where, exc, delay)
-        rt.healthy = False
+        rt.metronome.retry_later(now, rt.availability.down(exc, code=code, detail=detail))
+
+    def _queue_up(self, rt: QueueRuntime, now: float) -> None:
+        """The probe succeeded after an outage: fork the slots that waited for the server
+        (no crash backoff earned meanwhile delays them) and poke every idle child, since
+        each may hold outcomes it could not settle. Leases in hand are extended at once and
+        the reap waits a beat: leases that ran out during the outage belong to jobs that
+        are running or settling now, not to dead processes."""
+        for slot in rt.slots:
+            if slot.child is None and slot.respawn_at is not None:
+                slot.respawn_at = min(slot.respawn_at, now)
+        for child in rt.children:
+            if child.state == "idle":
+                self._poke(rt, child)
+        self.next_extend = now
+        rt.metronome.retry_later(now, rt.metronome.beat_s)
+
+    def _on_child_trouble(self, rt: QueueRuntime, child: Child, line: str) -> None:
+        """A child's REFUSED (the server refused its write) or BOOTFAIL (it cannot start)."""
+        word, _, rest = line.partition(" ")
+        if word == protocol.BOOTFAIL:
+            child.boot_failure = rest or "no reason given"
+            return
+        code, _, text = rest.partition(" ")
+        if rt.healthy or rt.availability.code != code:
+            self._queue_down(rt, time.monotonic(), code=code or "ERR", detail=text)
 
     def _on_timers(self, now: float) -> None:
         if self.drain_deadline is not None and now >= self.drain_deadline and self.pids:
             event(log, "drain-timeout", "drain timeout: killing %d consumer(s), requeueing "
                   "their jobs", len(self.pids), count=len(self.pids))
-            self._kill_all("requeue")
+            self._kill_all()
             return
+        self._enforce_time_limits(now)
+        if now >= self.next_extend:  # also while draining: running jobs keep their leases
+            self._extend_leases()
+            self.next_extend = now + self.settings.lease_ms / 3000
         if self.stopping:
             return
         for rt in self.queues.values():
             for slot in rt.slots:
-                if slot.child is None and slot.respawn_at is not None and now >= slot.respawn_at:
+                # forked only while the server answers: a child needs it to do anything
+                if slot.child is None and slot.respawn_at is not None and \
+                        now >= slot.respawn_at and rt.healthy:
                     self._spawn(rt, slot)
             self._pump(rt, now)
             if rt.scheduler is not None and now >= rt.scheduler.deadline():
-                rt.scheduler.tick(now)
-        if now >= self.next_extend:
-            self._extend_leases()
-            self.next_extend = now + self.settings.lease_ms / 3000
+                try:
+                    rt.scheduler.tick(now)
+                except UNAVAILABLE_ERRORS as exc:  # a refusal: the scheduler waits like the rest
+                    self._queue_down(rt, now, exc)
         if self.settings.max_memory_mb and now >= self.next_recycle:
             self._recycle_over_memory()
             self.next_recycle = now + RECYCLE_CHECK_S
@@ -503,28 +607,53 @@ class Arbiter:
         if now < rt.metronome.deadline():
             return
         try:
-            parked = any(c.state in ("idle", "starting") for c in rt.children)
-            found = rt.metronome.pump(now, disarmed=not parked)
-        except NETWORK_ERRORS as exc:
+            if not rt.healthy:
+                self._declare_queue(rt)  # the probe: a write, refused while writes are
+                found = False
+            else:
+                parked = any(c.state in ("idle", "starting") for c in rt.children)
+                found = rt.metronome.pump(now, disarmed=not parked)
+        except UNAVAILABLE_ERRORS as exc:
             self._queue_down(rt, now, exc)
             return
-        if not rt.healthy:
-            rt.healthy = True
-            rt.failures = 0
-            log.info("queue %s: Valkey reachable again", rt.spec.name)
-            self._prepare_queue(rt)
-            found = True  # work may have piled up while we could not see it
+        if rt.availability.up():
+            self._queue_up(rt, now)
+            rt.work_seen = now  # work may have piled up while we could not see it
+            return
         if found:
             self._found_work(rt, now)
 
+    def _enforce_time_limits(self, now: float) -> None:
+        """End a child whose running job passed its time limit (a sync handler cannot be
+        interrupted inside its process); its slot respawns at once."""
+        for rt in self.queues.values():
+            for child in rt.children:
+                deadline = child.holdings.deadline()
+                if not deadline or deadline > now or child.timed_out:
+                    continue
+                late = [h for h in child.holdings.entries()
+                        if h.state == RUNNING and h.deadline and h.deadline <= now]
+                if not late:
+                    continue
+                child.timed_out = {h.job_id: h.timeout for h in late}
+                child.respawn_now = True
+                event(log, "timeout", "queue %s: consumer %d ran job %s past its limit of "
+                      "%gs; ending it", rt.spec.name, child.pid, late[0].job_id,
+                      late[0].timeout, level=logging.WARNING, queue=rt.spec.name,
+                      pid=child.pid)
+                try:
+                    os.kill(child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     def _extend_leases(self) -> None:
         for rt in self.queues.values():
-            held = [pair for child in rt.children for pair in child.held]
+            held = [h.pair for child in rt.children for h in child.holdings.entries()]
             if not held:
                 continue
             try:
                 scripts.extend(self.client, rt.metronome.keys, rt.settings.lease_ms, held)
-            except NETWORK_ERRORS as exc:
+            except UNAVAILABLE_ERRORS as exc:
                 log.warning("queue %s: lease extension failed: %s", rt.spec.name, exc)
 
     def _recycle_over_memory(self) -> None:
@@ -549,6 +678,8 @@ class Arbiter:
             children = rt.children
             queues[name] = {
                 "healthy": rt.healthy,
+                "valkey": rt.availability.describe(),
+                "refusals": dict(rt.availability.refusals),
                 "children": len(children),
                 "ready_children": sum(1 for c in children if c.state != "starting"),
                 "processes": rt.spec.processes,
@@ -559,6 +690,7 @@ class Arbiter:
                 "rings": rt.metronome.rings,
                 "promoted": rt.metronome.promoted,
                 "reaped": rt.metronome.reaped,
+                "dead_trimmed": rt.metronome.dead_trimmed,
                 "pids": [c.pid for c in children],
                 "scheduler": rt.scheduler.snapshot() if rt.scheduler is not None else None,
             }

@@ -11,6 +11,7 @@ from typing import Any
 
 import redis
 from echomq.supervisor import protocol
+from echomq.supervisor.holdings import Holdings
 from echomq.supervisor.signals import sever
 from echomq.supervisor.worker import run_child
 
@@ -27,12 +28,14 @@ class Child:
     pid: int
     sock: socket.socket
     reader: protocol.LineReader
+    holdings: Holdings
     state: str = "starting"
-    held: list[tuple[str, str]] = field(default_factory=list)
+    timed_out: dict[str, float] = field(default_factory=dict)  # job id -> limit it passed
     started_at: float = field(default_factory=time.monotonic)
     poked_at: float = 0.0
     stop_sent: bool = False
     respawn_now: bool = False  # a recycle or a roll: its exit is not a crash
+    boot_failure: str | None = None  # what it said with BOOTFAIL: respawning would not help
     jobs: int = 0
 
     def send(self, message: bytes) -> bool:
@@ -60,13 +63,15 @@ def fork_child(queue: str, slot: int, redis_url: str, settings: QueueSettings,
     (siblings' pipe ends, the signal pipe, the parent's Redis connections, the health
     listener) before the child builds its own clients."""
     parent_end, child_end = socket.socketpair()
+    holdings = Holdings(max(settings.claim_batch, settings.concurrency))
     pid = os.fork()
     if pid == 0:  # the child
         sever(parent_end)
         for callback in forget:
             callback()
-        run_child(child_end, queue, redis_url, settings, handler, max_jobs, floor_url)
+        run_child(child_end, queue, redis_url, settings, handler, max_jobs, floor_url,
+                  holdings)
     child_end.close()
     parent_end.setblocking(False)
     return Child(queue=queue, slot=slot, pid=pid, sock=parent_end,
-                 reader=protocol.LineReader(parent_end.fileno()))
+                 reader=protocol.LineReader(parent_end.fileno()), holdings=holdings)

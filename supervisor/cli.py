@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                        f"{_env_help('queue')}, comma-separated")
     start.add_argument("--handler", action="append", help="MODULE:CALLABLE, one per queue or "
                        f"one for all {_env_help('handler')}")
+    start.add_argument("--tasks", action="append", help="MODULE[,MODULE] of @echomq.task "
+                       "functions: run every task registered on each --queue (or on every queue "
+                       f"the tasks name, without --queue) {_env_help('tasks')}")
     start.add_argument("--processes", action="append", type=int,
                        help=f"consumer processes per queue {_env_help('processes')}")
     start.add_argument("--floor-url", help=f"SQL floor URL {_env_help('floor_url')}")
@@ -58,13 +61,34 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"recycle a consumer over this RSS {_env_help('max_memory_mb')}")
     start.add_argument("--max-jobs", type=int,
                        help=f"recycle a consumer after this many jobs {_env_help('max_jobs')}")
+    start.add_argument("--concurrency", type=int,
+                       help=f"jobs in flight per consumer process {_env_help('concurrency')}")
+    start.add_argument("--job-timeout", type=float,
+                       help=f"default per-job time limit, seconds {_env_help('job_timeout')}")
     start.add_argument("--spill-horizon", type=float,
                        help="seconds; jobs due later live on the floor only "
                        f"{_env_help('spill_horizon')}")
+    start.add_argument("--keep-dead", type=int,
+                       help=f"dead jobs kept per queue, newest first {_env_help('keep_dead')}")
+    start.add_argument("--keep-dead-s", type=float,
+                       help=f"seconds a dead job is kept {_env_help('keep_dead_s')}")
     start.add_argument("--log-json", action="store_true", default=None,
                        help=f"JSON log lines {_env_help('log_json')}")
     start.add_argument("--log-level", help=f"log level {_env_help('log_level')}")
     start.add_argument("--config", help=f"TOML or JSON file with queues {_env_help('config')}")
+    start.add_argument("--doorbell", choices=("list", "marker"),
+                       help="what the metronome parks on: BLPOP on the wake list (default) or "
+                       f"BZPOPMIN on the marker zset {_env_help('doorbell')}")
+    start.add_argument("--switch-doorbell", action="store_true", default=None,
+                       help="record --doorbell in the queue's meta even if it names the other "
+                       "kind (stop every consumer of the queue first) "
+                       f"{_env_help('switch_doorbell')}")
+    start.add_argument("--dashboard", action="store_true", default=None,
+                       help=f"serve the dashboard at / of the health port "
+                       f"{_env_help('dashboard')}")
+    start.add_argument("--dashboard-actions", action="store_true", default=None,
+                       help="let the dashboard retry, cancel, pause and resume "
+                       f"{_env_help('dashboard_actions')}")
 
     migrate = sub.add_parser("migrate", help="upgrade the floor's schema to head")
     migrate.add_argument("--floor-url", help=f"SQL floor URL {_env_help('floor_url')}")
@@ -76,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--processes", type=int, default=4)
     drill.add_argument("--floor-url")
     drill.add_argument("--report", choices=("table", "json"), default="table")
+    drill.add_argument("--doorbell", choices=("list", "marker"), default="list")
     return parser
 
 
@@ -100,6 +125,10 @@ def _number(name: str, value: Any, kind: type) -> Any:
         raise ConfigError(f"{name} ({ENV_VARS[name]}) must be a number, got {value!r}") from None
 
 
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 def _config_file(path: str) -> dict[str, Any]:
     text = Path(path).read_text()
     data: dict[str, Any] = tomllib.loads(text) if path.endswith(".toml") else json.loads(text)
@@ -112,21 +141,30 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     file_cfg = _config_file(config_path) if config_path else {}
     names = _split(_pick(args, "queue"))
     handlers = _split(_pick(args, "handler"))
+    tasks = tuple(_split(_pick(args, "tasks")))
+    if tasks:
+        names = names or _task_queues(tasks)
     processes = [_number("processes", p, int) for p in _split(_pick(args, "processes"))]
     durability = _pick(args, "durability")
     specs: list[QueueSpec] = []
     for entry in file_cfg.get("queues", []):
-        specs.append(QueueSpec(name=entry["name"], handler=entry["handler"],
+        entry_tasks = tuple(_split(entry.get("tasks"))) or tasks
+        if not entry.get("handler"):
+            _check_has_tasks(entry["name"], entry_tasks)
+        specs.append(QueueSpec(name=entry["name"], handler=entry.get("handler", ""),
                                processes=int(entry.get("processes", 1)),
-                               durability=entry.get("durability", durability)))
+                               durability=entry.get("durability", durability),
+                               tasks=entry_tasks))
     for i, name in enumerate(names):
-        if not handlers:
-            raise ConfigError(f"queue {name!r} needs --handler MODULE:CALLABLE "
-                              f"(or {ENV_VARS['handler']})")
-        handler = handlers[i] if i < len(handlers) else handlers[-1]
+        if not handlers and not tasks:
+            raise ConfigError(f"queue {name!r} needs --handler MODULE:CALLABLE or --tasks MODULE "
+                              f"(or {ENV_VARS['handler']} / {ENV_VARS['tasks']})")
+        handler = (handlers[i] if i < len(handlers) else handlers[-1]) if handlers else ""
+        if not handler:
+            _check_has_tasks(name, tasks)
         count = processes[i] if i < len(processes) else (processes[-1] if processes else 1)
         specs.append(QueueSpec(name=name, handler=handler, processes=count,
-                               durability=durability))
+                               durability=durability, tasks=tasks))
     if not specs:
         raise ConfigError(f"no queue given: use --queue NAME --handler MODULE:CALLABLE "
                           f"(or {ENV_VARS['queue']} / {ENV_VARS['handler']}, or --config)")
@@ -135,6 +173,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for spec in specs:
         validate_name(spec.name)
     log_json = _pick(args, "log_json")
+    dashboard, actions = _pick(args, "dashboard"), _pick(args, "dashboard_actions")
     health_port = _number("health_port", _pick(args, "health_port"), int)
     return Settings(
         redis_url=_pick(args, "redis_url") or file_cfg.get("redis_url") or DEFAULT_REDIS_URL,
@@ -148,21 +187,57 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         health_host=_pick(args, "health_host") or "0.0.0.0",
         max_memory_mb=_number("max_memory_mb", _pick(args, "max_memory_mb"), int),
         max_jobs=_number("max_jobs", _pick(args, "max_jobs"), int),
+        concurrency=_default(_number("concurrency", _pick(args, "concurrency"), int), 1),
+        job_timeout=_number("job_timeout", _pick(args, "job_timeout"), float),
         spill_horizon=_number("spill_horizon", _pick(args, "spill_horizon"), float)
         or DEFAULT_SPILL_HORIZON_S,
+        keep_dead=_default(_number("keep_dead", _pick(args, "keep_dead"), int), 10_000),
+        keep_dead_s=_default(_number("keep_dead_s", _pick(args, "keep_dead_s"), float),
+                             30 * 24 * 3600.0),
         log_json=log_json if isinstance(log_json, bool) else parse_bool(log_json or "0"),
         log_level=_pick(args, "log_level") or "INFO",
+        doorbell=_pick(args, "doorbell") or "list",
+        switch_doorbell=_flag(_pick(args, "switch_doorbell")),
+        dashboard=dashboard if isinstance(dashboard, bool) else parse_bool(dashboard or "0"),
+        dashboard_actions=actions if isinstance(actions, bool) else parse_bool(actions or "0"),
     )
+
+
+def _task_queues(modules: tuple[str, ...]) -> list[str]:
+    """Every queue the tasks of these modules name (importing them)."""
+    from echomq.supervisor.handlers import import_task_modules
+
+    from echomq.task import queues
+
+    import_task_modules(modules)
+    found = queues()
+    if not found:
+        raise ConfigError(f"--tasks {','.join(modules)}: no @echomq.task functions registered")
+    return found
+
+
+def _check_has_tasks(queue: str, modules: tuple[str, ...]) -> None:
+    from echomq.supervisor.handlers import import_task_modules
+
+    from echomq.task import tasks_on
+
+    if not modules:
+        raise ConfigError(f"queue {queue!r} needs a handler or tasks")
+    import_task_modules(modules)
+    if not tasks_on(queue):
+        raise ConfigError(f"queue {queue!r}: no task of --tasks {','.join(modules)} is on it "
+                          "(and no --handler)")
+def _flag(value: Any) -> bool:
+    return value if isinstance(value, bool) else parse_bool(value or "0")
 
 
 def cmd_start(args: argparse.Namespace) -> int:
     from echomq.supervisor.arbiter import Arbiter
     from echomq.supervisor.health import Health
 
+    _handler_import_path()  # before the settings: --tasks modules are imported there
     settings = settings_from_args(args)
     logs.setup(settings.log_json, settings.log_level)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # handlers are usually modules of the working directory
     floor = _open_floor(settings.floor_url) if settings.floor_url else None
     factory = None
     if floor is not None:
@@ -173,7 +248,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     health = None
     if settings.health_port is not None:
         health = Health(settings.health_host, settings.health_port, settings.redis_url,
-                        arbiter.snapshot, live_after_s=max(10.0, 3 * settings.beat_ms / 1000))
+                        arbiter.snapshot, live_after_s=max(10.0, 3 * settings.beat_ms / 1000),
+                        tally=arbiter.observed, dashboard=settings.dashboard,
+                        dashboard_actions=settings.dashboard_actions)
         health.start()
         arbiter.forget_in_child.append(health.forget_in_child)
     try:
@@ -183,11 +260,22 @@ def cmd_start(args: argparse.Namespace) -> int:
             health.stop()
 
 
+def _handler_import_path() -> None:
+    """Handlers import as an installed app's modules do: installed packages and PYTHONPATH
+    first. The working directory (which ``python -m`` puts first) comes last, so a file
+    there never shadows an installed module."""
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)] + [cwd]
+
+
 def _open_floor(url: str) -> Any:
     from echomq.floor import Floor
 
-    # short waits: the scheduler runs in the supervisor's loop, which must not stall on the floor
-    floor = Floor.from_url(url, busy_timeout_ms=300, connect_timeout_s=2)
+    # every floor call bounded: a hung floor delays folding (on the scheduler's thread), and
+    # the scheduler backs off and retries; the supervisor's loop never waits on the floor
+    floor = Floor.from_url(url, busy_timeout_ms=300, connect_timeout_s=2,
+                           statement_timeout_ms=5000, lock_timeout_ms=2000,
+                           tcp_user_timeout_ms=10_000)
     try:
         floor.check_at_head()
     except FloorSchemaError:
@@ -203,15 +291,21 @@ def _open_floor(url: str) -> Any:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    import logging
+
     from echomq.floor import Floor
 
+    log_json = _pick(args, "log_json")
+    logs.setup(parse_bool(log_json or "0"), _pick(args, "log_level") or "INFO")
     url = _pick(args, "floor_url")
     if not url:
         raise ConfigError(f"migrate needs --floor-url (or {ENV_VARS['floor_url']})")
-    floor = Floor.from_url(url)
+    # no statement bound: a migration may rewrite a large table; its lock waits stay bounded
+    floor = Floor.from_url(url, statement_timeout_ms=0)
     try:
         floor.upgrade(args.revision)
-        print(f"floor {floor.url_redacted} at revision {floor.current_revision()}")
+        logs.event(logging.getLogger("echomq.migrate"), "migrated", "floor %s at revision %s",
+                   floor.url_redacted, floor.current_revision())
     finally:
         floor.dispose()
     return 0

@@ -216,11 +216,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 
 
 def run_scenario(name: str, jobs: int = 300, processes: int = 2, floor_url: str | None = None,
-                 seed: int | None = None, keep: bool = False) -> dict[str, Any]:
+                 seed: int | None = None, keep: bool = False,
+                 doorbell: str = "list") -> dict[str, Any]:
     """Run one drill end to end and return its report (``report["ok"]`` is the verdict).
     The working directory (logs, ledger) is kept when the drill fails or ``keep`` is set."""
     scenario = SCENARIOS[name]
-    harness = Harness(name, jobs, processes, floor_url, seed)
+    harness = Harness(name, jobs, processes, floor_url, seed, doorbell)
     report: dict[str, Any] | None = None
     try:
         with harness as h:
@@ -423,7 +424,8 @@ def main(args: argparse.Namespace) -> int:
     floor_url = args.floor_url or os.environ.get("ECHOMQ_FLOOR_URL") or None
     reports = []
     for name in names:
-        reports.append(run_scenario(name, args.jobs, args.processes, floor_url))
+        reports.append(run_scenario(name, args.jobs, args.processes, floor_url,
+                                    doorbell=getattr(args, "doorbell", "list")))
         if args.report == "table" and len(names) > 1:
             print(f"{name}: {'ok' if reports[-1]['ok'] else 'FAIL'}", file=sys.stderr)
     if args.report == "json":

@@ -13,7 +13,10 @@ Environment (set by ``echomq-supervisor drill`` on the supervisor it starts):
                          after each ``ok`` row so the drill wakes instead of polling
 
 Payload keys: ``work_ms`` (simulated work, default 5) and ``fail_first`` (raise on
-attempt 1, so the job goes through a retry).
+attempt 1, so the job goes through a retry). For the randomized fault test also:
+``trace`` (record a ``start`` row before the work, so a run that never ended shows),
+``fail_always`` (raise on every attempt), ``exit_first`` / ``exit_always`` (an exit
+code: the process leaves with ``os._exit`` mid-job on attempt 1 / on every attempt).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ CREATE TABLE IF NOT EXISTS executions (
     job_id  TEXT    NOT NULL,
     attempt INTEGER NOT NULL,
     pid     INTEGER NOT NULL,
-    kind    TEXT    NOT NULL,   -- 'ok' (the job's work is done) or 'fail' (attempt raised)
+    kind    TEXT    NOT NULL,   -- 'ok' (the job's work is done), 'fail' (attempt raised),
+                                -- 'start' (a traced run began)
     at      REAL    NOT NULL    -- time.time() of the record
 )
 """
@@ -103,9 +107,19 @@ _state = _PerProcess()
 def handle(job: Any) -> dict[str, Any]:
     """Do a little work, fail attempt 1 when asked to, and record the execution."""
     payload = job.payload if isinstance(job.payload, dict) else {}
+    if payload.get("trace"):
+        _state.record(job, "start")
     work_ms = float(payload.get("work_ms", 5))
     if work_ms > 0:
         time.sleep(work_ms / 1000)  # the job's simulated work
+    exit_code = payload.get("exit_always")
+    if exit_code is None and job.attempts <= 1:
+        exit_code = payload.get("exit_first")
+    if exit_code is not None:
+        os._exit(int(exit_code))  # a handler that takes its process down mid-job
+    if payload.get("fail_always"):
+        _state.record(job, "fail")
+        raise DrillFailure(f"job {job.id}: planned failure of every attempt")
     if payload.get("fail_first") and job.attempts <= 1:
         _state.record(job, "fail")
         raise DrillFailure(f"job {job.id}: planned failure of attempt {job.attempts}")

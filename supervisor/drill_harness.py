@@ -325,7 +325,8 @@ class Harness:
     """One drill run's processes and files. Use as a context manager."""
 
     def __init__(self, scenario: str, jobs: int, processes: int, floor_url: str | None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, doorbell_kind: str = "list") -> None:
+        self.doorbell_kind = doorbell_kind  # what the supervisors park on: list or marker
         self.workdir = Path(tempfile.mkdtemp(prefix=f"echomq-drill-{scenario}-"))
         self.jobs = jobs
         self.processes = processes
@@ -403,7 +404,8 @@ class Harness:
         cmd = [*CLI, "start", "--redis-url", self.redis.url, "--queue", self.queue,
                "--handler", HANDLER, "--processes", str(self.processes),
                "--floor-url", self.floor_url, "--beat-ms", str(BEAT_MS),
-               "--lease-ms", str(LEASE_MS), "--drain-timeout", str(DRAIN_S), "--log-json"]
+               "--lease-ms", str(LEASE_MS), "--drain-timeout", str(DRAIN_S), "--log-json",
+               "--doorbell", self.doorbell_kind]
         sup = SupervisorProc(n, cmd, self._env(), self.workdir / f"supervisor-{n}.log")
         self.supervisors.append(sup)
         if wait and not sup.wait_started():

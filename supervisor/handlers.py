@@ -1,12 +1,18 @@
-"""Resolve ``module:callable`` handler specs, failing with a message that names the module."""
+"""Resolve ``module:callable`` handler specs and ``--tasks`` modules, failing with a message
+that names the module."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import Any
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from echomq.errors import HandlerNotFound
+from echomq.job import Job
+
+if TYPE_CHECKING:
+    from echomq.supervisor.settings import QueueSpec
 
 
 def import_handler(spec: str, *, reload: bool = False) -> Callable[..., Any]:
@@ -34,3 +40,48 @@ def import_handler(spec: str, *, reload: bool = False) -> Callable[..., Any]:
     if not callable(target):
         raise HandlerNotFound(f"handler {spec!r} is not callable")
     return target  # type: ignore[no-any-return]
+
+
+def import_task_modules(modules: Iterable[str], *, reload: bool = False) -> None:
+    """Import (or re-import) modules of ``@echomq.task`` functions; HandlerNotFound naming
+    the module that fails."""
+    for name in modules:
+        try:
+            if reload and name in sys.modules:
+                importlib.reload(sys.modules[name])
+            else:
+                importlib.import_module(name)
+        except Exception as exc:  # any error while importing user code is reported, not raised
+            raise HandlerNotFound(
+                f"cannot import task module {name!r} (from --tasks): {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+class TaskHandlers(dict[str, Callable[[Job], Any]]):
+    """Handlers by task name; a name no task claims goes to ``fallback`` (``--handler``).
+
+    The fallback is also kept under the empty name (no job has it), so whoever looks
+    at every handler (is any of them ``async def``?) sees it too.
+    """
+
+    def __init__(self, tasks: Mapping[str, Callable[[Job], Any]],
+                 fallback: Callable[..., Any] | None) -> None:
+        super().__init__(tasks)
+        self.fallback = fallback
+        if fallback is not None:
+            self[""] = fallback
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        found = super().get(name)
+        return found if found is not None else (self.fallback or default)
+
+
+def load_handler(spec: QueueSpec, *, reload: bool = False) -> Any:
+    """What a queue's consumers run: its ``--handler``, its tasks by name, or both."""
+    if not spec.tasks:
+        return import_handler(spec.handler, reload=reload)
+    from echomq.task import tasks_on
+
+    import_task_modules(spec.tasks, reload=reload)
+    fallback = import_handler(spec.handler, reload=reload) if spec.handler else None
+    return TaskHandlers(tasks_on(spec.name), fallback)

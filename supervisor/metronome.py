@@ -1,7 +1,8 @@
 """One metronome per queue: the only blocking call for that queue, plus reap and promote.
 
-The BLPOP on the wake key stays outstanding while the supervisor does other
-work; its socket sits in the supervisor's selector. Local timers decide when
+The parked call (BLPOP on the wake list, or BZPOPMIN on the marker zset, see
+echomq.wake) stays outstanding while the supervisor does other work; its
+socket sits in the supervisor's selector. Local timers decide when
 reap and promote are worth a round trip: promote when the schedule head is
 due (the server's BLPOP timeout fires only on its ``hz`` tick, so the timer
 is what makes a delayed job start on time), reap when the lease head can
@@ -12,6 +13,8 @@ another replica's metronome was told about, and leases it took).
 
 from __future__ import annotations
 
+import time
+
 import redis
 
 from echomq import scripts
@@ -20,6 +23,8 @@ from echomq.keys import Keys
 from echomq.wake import Doorbell
 
 SAFETY_BEATS = 30  # promote at least this often (in beats) while idle
+PROMOTE_SLICE = 10  # promote calls per turn of the loop; a larger backlog takes more turns
+TRIM_LIMIT = 1000  # dead jobs dropped per call; more wait for the next turn
 
 
 class Metronome:
@@ -32,9 +37,12 @@ class Metronome:
         self.settings = settings
         self.beat_s = settings.beat_ms / 1000
         self.lease_s = settings.lease_ms / 1000
-        self.doorbell = Doorbell(client, self.keys.wake, self.beat_s)
+        self.doorbell = Doorbell(client, self.keys, self.beat_s, settings.doorbell)
+        self.server_offset_ms: float | None = None  # server clock minus monotonic, in ms
         self.next_promote = 0.0  # monotonic deadlines: 0 = now
         self.next_reap = 0.0
+        self.next_trim = 0.0
+        self.dead_trimmed = 0
         self.registered_fd: int | None = None
         self.rings = 0
         self.promoted = 0
@@ -44,13 +52,29 @@ class Metronome:
         return min(self.next_promote, self.next_reap)
 
     def collect_ring(self) -> bool:
-        """Read the BLPOP reply: True when a token (new work or a new schedule head) came."""
+        """Read the parked call's reply: True when claimable work was rung.
+
+        A list token may also announce a new schedule head, so it promotes; a
+        marker says which: "0" is work now, a due-scored "1" sets the promote
+        timer to the new head without a read.
+        """
         rung = self.doorbell.collect()
-        if rung:
+        due = self.doorbell.take_due()
+        if due is not None:
             self.rings += 1
-            self.next_promote = 0.0  # the ring may announce a new schedule head
+            self.next_promote = min(self.next_promote, self._local_time(due))
+        elif rung:
+            self.rings += 1
+            if self.doorbell.kind == "list":
+                self.next_promote = 0.0
         # a quiet beat needs no pump: the local timers already say when heads fall due
         return rung
+
+    def _local_time(self, due_ms: int) -> float:
+        """A server-clock due time on the monotonic clock (now, when no offset is known)."""
+        if self.server_offset_ms is None:
+            return 0.0
+        return (due_ms - self.server_offset_ms) / 1000
 
     def pump(self, now: float, disarmed: bool) -> bool:
         """Run promote and reap if their deadlines passed; True when jobs became claimable."""
@@ -59,7 +83,19 @@ class Metronome:
             found |= self._promote(now, disarmed)
         if now >= self.next_reap:
             found |= self._reap(now)
+        if now >= self.next_trim:
+            self._trim_dead(now)
         return found
+
+    def _trim_dead(self, now: float) -> None:
+        """Dead-job retention (keep_dead / keep_dead_s), every few beats."""
+        keep_count, keep_age = self.settings.dead_retention_args
+        if keep_count < 0 and keep_age < 0:
+            self.next_trim = float("inf")
+            return
+        dropped = scripts.trim_dead(self.client, self.keys, keep_count, keep_age, TRIM_LIMIT)
+        self.dead_trimmed += dropped
+        self.next_trim = now if dropped == TRIM_LIMIT else now + self.beat_s * SAFETY_BEATS
 
     def saw_work(self, now: float) -> None:
         """Consumers will claim now: leases taken can expire one lease period from now."""
@@ -68,12 +104,18 @@ class Metronome:
     def _promote(self, now: float, disarmed: bool) -> bool:
         batch = self.settings.pump_batch
         total = 0
-        while True:
+        for _ in range(PROMOTE_SLICE):
             promoted, next_due, server_now = scripts.promote(self.client, self.keys, batch)
             total += promoted
             if promoted < batch:
                 break
+        else:  # more is due: come back on the next turn, after signals, pipes and leases
+            self.promoted += total
+            self.next_promote = now
+            return True
         self.promoted += total
+        self.server_offset_ms = server_now - time.monotonic() * 1000
+        self.doorbell.next_due_ms = next_due if next_due >= 0 else None
         limit = self.beat_s if disarmed else self.beat_s * SAFETY_BEATS
         wait = limit if next_due < 0 else min(limit, (next_due - server_now) / 1000)
         self.next_promote = now + max(0.0, wait)

@@ -2,46 +2,56 @@
 
 child → parent
     ``READY``                       the handler is loaded; the child counts as idle
-    ``HOLD id:token id:token ...``  the jobs now leased by the child (replaces the last set)
     ``IDLE <n> <claim_to_start_us>``  a claim came back empty; the child waits for a poke.
                                     n jobs ran since the last report, with the summed wait
                                     between their claim and their start
+    ``OBS <json>``                  folded job observations for /metrics (observations.py)
+    ``REFUSED <code> <text>``       the server refused a write (OOM, READONLY, ...); the
+                                    child keeps its unsettled outcomes and waits for a poke
+    ``BOOTFAIL <text>``             the child could not start (before READY); respawning
+                                    would not help. Its exit code says nothing: a handler
+                                    may exit with any code
 parent → child
     ``P``   poke: claim until empty
-    ``S``   stop when the job in hand is done
+    ``S``   stop when the jobs in hand are done and settled
+
+Which jobs a child holds, and which of them run, is not said here: the child
+keeps it in shared memory (:mod:`echomq.supervisor.holdings`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 POKE = b"P"
 STOP = b"S"
 READY = "READY"
-HOLD = "HOLD"
 IDLE = "IDLE"
+OBS = "OBS"
+REFUSED = "REFUSED"
+BOOTFAIL = "BOOTFAIL"
 
 # exit codes the parent reads from waitpid
 EXIT_OK = 0
-EXIT_BOOT_FAILED = 3  # the handler could not be loaded: respawning would not help
+EXIT_BOOT_FAILED = 3  # the supervisor's exit when a consumer could not boot (BOOTFAIL)
 EXIT_RECYCLE = 4  # max jobs or memory reached: respawn at once, this was not a crash
-
-
-def hold_line(held: Sequence[tuple[str, str]]) -> bytes:
-    return (HOLD + "".join(f" {i}:{t}" for i, t in held) + "\n").encode()
 
 
 def idle_line(jobs: int, wait_us: int) -> bytes:
     return f"{IDLE} {jobs} {wait_us}\n".encode()
 
 
-def parse_hold(line: str) -> list[tuple[str, str]]:
-    held = []
-    for part in line.split()[1:]:
-        job_id, _, token = part.rpartition(":")
-        held.append((job_id, token))
-    return held
+def refused_line(code: str, text: str) -> bytes:
+    return f"{REFUSED} {code} {_one_line(text)}\n".encode("ascii", "replace")
+
+
+def bootfail_line(text: str) -> bytes:
+    return f"{BOOTFAIL} {_one_line(text)}\n".encode("ascii", "replace")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:500]
 
 
 class LineReader:

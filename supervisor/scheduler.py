@@ -12,7 +12,9 @@ grows until the floor answers again.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -23,7 +25,7 @@ import redis.exceptions
 from echomq.supervisor.logs import event
 
 from echomq import scripts
-from echomq.connection import NETWORK_ERRORS
+from echomq.connection import UNAVAILABLE_ERRORS
 from echomq.errors import FloorError, StaleFence
 from echomq.floor import Floor, FloorRow
 from echomq.keys import Keys
@@ -33,17 +35,30 @@ BATCH = 1000
 TICK_BUDGET_S = 0.1  # floor work per tick; the rest continues on the next turn of the loop
 REHYDRATING = "rehydrating-"  # epoch value while a rehydration is under way
 FLOOR_BACKOFF_MAX_S = 30.0
+DEFAULT_FOLD_GRACE_S = 300.0  # how long the logs keep growing after the last scheduler left
+DEFAULT_MAX_BACKLOG = 1_000_000  # fold log entries kept while the floor is down
+DEFAULT_ORPHAN_EVERY_S = 60.0  # a full pass over the floor's rows looking for orphans
+SCHEDULED_STATES = ("scheduled", "waiting", "active")
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _due_ms(h: dict[str, str]) -> int | None:
+    """The hash's due time, or None when it is not an integer (a malformed job)."""
+    due = h.get("due_ms") or "0"
+    return int(due) if due.isdigit() and len(due) <= 15 else None
+
+
 class Scheduler:
-    """The floor side of one queue, driven by the arbiter's loop (``tick`` when ``deadline``)."""
+    """The floor side of one queue: ``tick`` when ``deadline`` (:class:`SchedulerThread`)."""
 
     def __init__(self, queue: str, client: redis.Redis, floor: Floor, *, beat_ms: int,
-                 horizon_s: float, clock_offset_ms: int = 0) -> None:
+                 horizon_s: float, clock_offset_ms: int = 0,
+                 fold_grace_s: float = DEFAULT_FOLD_GRACE_S,
+                 max_backlog: int = DEFAULT_MAX_BACKLOG,
+                 orphan_every_s: float = DEFAULT_ORPHAN_EVERY_S) -> None:
         self.queue = queue
         self.keys = Keys(queue)
         self.client = client
@@ -53,6 +68,12 @@ class Scheduler:
         self.clock_offset_ms = clock_offset_ms  # tests and drills move the scheduler's clock
         self.replica = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_ms = max(3000, int(beat_ms * 5))
+        # the fold lease outlives leader hand-overs (a leader lease or two) by far
+        self.fold_grace_ms = max(int(fold_grace_s * 1000), 2 * self.lease_ms)
+        self.max_backlog = max_backlog
+        self.orphan_every_s = orphan_every_s
+        self.next_orphan_check = 0.0
+        self.orphan_after: str | None = None  # the orphan pass's place on the floor
         self.fence: int | None = None
         self.next_tick = 0.0
         self.next_restore = 0.0
@@ -67,7 +88,9 @@ class Scheduler:
         self.floor_error = ""
         self.floor_failures = 0
         self.folded = self.closed = self.spilled = self.restored = self.rehydrated = 0
-        self.backlog = 0
+        self.orphans_closed = self.buried = self.backlog_dropped = 0
+        self.buried_open: list[str] = []  # buried jobs whose floor rows are still to close
+        self.backlog = self.closed_backlog = 0
 
     # --- the arbiter's interface ---------------------------------------------------
 
@@ -79,7 +102,7 @@ class Scheduler:
         self.next_tick = now + self.beat_s
         try:
             self._tick(now, floor_work=now >= self.floor_retry_at)
-        except NETWORK_ERRORS as exc:
+        except UNAVAILABLE_ERRORS as exc:
             log.debug("queue %s: scheduler skipped a beat: %s", self.queue, exc)
         except StaleFence:
             event(log, "scheduler-deposed", "queue %s: a newer scheduler leads; standing down",
@@ -99,7 +122,9 @@ class Scheduler:
             "floor": "ok" if self.floor_ok else f"down: {self.floor_error}",
             "leader": self.fence is not None, "folded": self.folded, "closed": self.closed,
             "spilled": self.spilled, "restored": self.restored, "backlog": self.backlog,
-            "rehydrated": self.rehydrated,
+            "rehydrated": self.rehydrated, "closed_backlog": self.closed_backlog,
+            "orphans_closed": self.orphans_closed, "buried": self.buried,
+            "backlog_dropped": self.backlog_dropped,
         }
 
     def close(self) -> None:
@@ -108,7 +133,7 @@ class Scheduler:
                 held = self.client.get(self.keys.leader)
                 if held and _text(held).startswith(self.replica + "|"):
                     self.client.delete(self.keys.leader)
-            except NETWORK_ERRORS:
+            except UNAVAILABLE_ERRORS:
                 pass
 
     # --- the beat -------------------------------------------------------------------
@@ -122,23 +147,29 @@ class Scheduler:
 
     def _tick(self, now: float, floor_work: bool = True) -> None:
         self.budget_end = time.monotonic() + TICK_BUDGET_S
-        fence, fold_len, closed_len, epoch, spill_candidates, server_now = scripts.LEAD(
+        fence, fold_len, closed_len, epoch, spill_candidates, server_now, lapsed = scripts.LEAD(
             self.client,
             [self.keys.leader, self.keys.fold, self.keys.closed, self.keys.epoch,
-             self.keys.schedule],
-            [self.replica, self.lease_ms, self.horizon_ms + self.clock_offset_ms])
+             self.keys.schedule, self.keys.meta],
+            [self.replica, self.lease_ms, self.horizon_ms + self.clock_offset_ms,
+             self.fold_grace_ms])
         fence = int(fence)
-        self.backlog = int(fold_len)
+        self.backlog, self.closed_backlog = int(fold_len), int(closed_len)
         if fence < 0:
             self.fence = None
             return
         if self.fence != fence:
             event(log, "scheduler-lead", "queue %s: this replica now runs the scheduler",
                   self.queue, queue=self.queue)
-            # jobs scheduled while nobody folded (before any scheduler set the fold flag)
-            # reach the floor by a sweep of the schedule set, a batch per beat
+        if int(lapsed):
+            # jobs scheduled while nobody folded (no scheduler yet, or none for longer
+            # than the fold lease) reach the floor by a sweep of the schedule set, a
+            # batch per beat; a hand-over within the lease needs none
             self.sweep_offset = 0
         self.fence = fence
+        if self.backlog + self.closed_backlog > self.max_backlog:
+            self._drop_backlog()
+            fold_len = closed_len = 0
         if not floor_work:  # the floor is backing off: the lease is renewed, nothing more
             return
         epoch = _text(epoch)
@@ -156,15 +187,102 @@ class Scheduler:
             self.next_restore = now + self.restore_every_s
         if self.sweep_offset is not None and not self._over_budget():
             self._sweep()
+        if now >= self.next_orphan_check and not self._over_budget():
+            self._close_orphans(now, epoch)
+
+    def _drop_backlog(self) -> None:
+        """The logs outgrew their bound (a long floor outage): drop them and catch up by
+        a sweep of the schedule set and the orphan pass instead."""
+        dropped = self.backlog + self.closed_backlog
+        self.client.delete(self.keys.fold, self.keys.closed)
+        self.backlog_dropped += dropped
+        self.backlog = self.closed_backlog = 0
+        self.sweep_offset = 0
+        self.next_orphan_check = 0.0
+        event(log, "floor-backlog-dropped", "queue %s: %d log entries over the bound of %d "
+              "dropped; the schedule set will be swept instead", self.queue, dropped,
+              self.max_backlog, level=logging.WARNING, queue=self.queue, count=dropped)
+
+    def _rows(self, ids: Sequence[str], states: Sequence[str], spilled: bool = False
+              ) -> list[FloorRow]:
+        """Floor rows of the jobs among ``ids`` in one of ``states``; malformed ones are
+        set aside (dead, with the reason) instead of stopping the scheduler."""
+        rows, bad = [], []
+        for job_id, h in zip(ids, self._hashes(ids), strict=True):
+            if h.get("state") not in states:
+                continue
+            due = _due_ms(h)
+            if due is None:
+                bad.append((job_id, f"set aside by the scheduler: malformed due_ms "
+                                    f"{h.get('due_ms')!r} in the job's hash"))
+            else:
+                rows.append(FloorRow(job_id=job_id, due_ms=due, fields=h, spilled=spilled))
+        self._bury(bad)
+        return rows
+
+    def _bury(self, pairs: Sequence[tuple[str, str]], close: bool = True) -> None:
+        """Dead at once with the reason, and off the floor (at once, or by
+        :meth:`_close_buried` when a floor transaction is open); logged once per job."""
+        if not pairs:
+            return
+        args: list[Any] = [self.keys.prefix]
+        for job_id, reason in pairs:
+            args += [job_id, reason]
+            log.error("queue %s: job %s set aside: %s", self.queue, job_id, reason)
+        scripts.BURY(self.client, [self.keys.schedule, self.keys.dead, self.keys.stats,
+                                   self.keys.spilled], args)
+        self.buried += len(pairs)
+        self.buried_open += [job_id for job_id, _ in pairs]
+        if close:
+            self._close_buried()
+
+    def _close_buried(self) -> None:
+        if self.buried_open:
+            assert self.fence is not None
+            self.floor.close_jobs(self.queue, self.buried_open, self.fence)
+            self.buried_open = []
+
+    def _close_orphans(self, now: float, epoch: str) -> None:
+        """One slice of a pass over the floor: close rows whose job finished but whose
+        close was missed (a late sync write, logs dropped or lapsed), and re-mark rows
+        whose job is spilled. Only while Valkey holds its data (the epoch is ours)."""
+        rows = self.floor.open_rows(self.queue, self.orphan_after, BATCH)
+        ids = [r.job_id for r in rows if not r.spilled and r.error is None]
+        if ids:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(self.keys.epoch)
+            for job_id in ids:
+                pipe.hget(self.keys.job(job_id), "state")
+                pipe.sismember(self.keys.spilled, job_id)
+            epoch_now, *found = pipe.execute()
+            if epoch_now is None or _text(epoch_now) != epoch:
+                return  # Valkey lost its data meanwhile: rehydration decides
+            gone, spilled = [], []
+            for job_id, state, is_spilled in zip(ids, found[::2], found[1::2], strict=True):
+                if is_spilled:
+                    spilled.append(job_id)
+                elif state is None or _text(state) not in SCHEDULED_STATES:
+                    gone.append(job_id)
+            assert self.fence is not None
+            if spilled:
+                self.floor.mark_spilled(self.queue, spilled, self.fence)
+            closed = self.floor.close_orphans(self.queue, gone, self.fence)
+            self.orphans_closed += closed
+            if closed:
+                event(log, "floor-orphans", "queue %s: closed %d floor row(s) of finished "
+                      "jobs", self.queue, closed, queue=self.queue, count=closed)
+        if len(rows) < BATCH:
+            self.orphan_after = None
+            self.next_orphan_check = now + self.orphan_every_s
+        else:
+            self.orphan_after = rows[-1].job_id
 
     def _sweep(self) -> None:
         """Fold one batch of the schedule set; idempotent with the fold log."""
         assert self.sweep_offset is not None
         ids = [_text(x) for x in self.client.zrange(
             self.keys.schedule, self.sweep_offset, self.sweep_offset + BATCH - 1)]
-        rows = [FloorRow(job_id=i, due_ms=int(h.get("due_ms") or 0), fields=h)
-                for i, h in zip(ids, self._hashes(ids), strict=True)
-                if h.get("state") == "scheduled"]
+        rows = self._rows(ids, ("scheduled",))
         self.floor.upsert(self.queue, rows, self.fence)
         self.folded += len(rows)
         self.sweep_offset = None if len(ids) < BATCH else self.sweep_offset + BATCH
@@ -193,11 +311,7 @@ class Scheduler:
             if not raw:
                 return
             ids = [_text(x) for x in raw]
-            rows = [
-                FloorRow(job_id=job_id, due_ms=int(h.get("due_ms") or 0), fields=h)
-                for job_id, h in zip(ids, self._hashes(ids), strict=True)
-                if h and h.get("state") in ("scheduled", "waiting", "active")
-            ]
+            rows = self._rows(ids, SCHEDULED_STATES)
             self.floor.upsert(self.queue, rows, self.fence)
             self.client.ltrim(self.keys.fold, len(ids), -1)
             self.folded += len(rows)
@@ -224,22 +338,20 @@ class Scheduler:
                 self.keys.schedule, f"({floor_of}", "+inf", start=0, num=BATCH)]
             if not ids:
                 return
-            rows = [FloorRow(job_id=i, due_ms=int(h.get("due_ms") or 0), fields=h, spilled=True)
-                    for i, h in zip(ids, self._hashes(ids), strict=True)
-                    if h.get("state") == "scheduled"]
+            rows = self._rows(ids, ("scheduled",), spilled=True)
             assert self.fence is not None
             self.floor.upsert(self.queue, rows, self.fence)
             args: list[Any] = [self.keys.prefix]
             for row in rows:
                 args += [row.job_id, row.due_ms]
-            flags = scripts.SPILL(self.client, [self.keys.schedule, self.keys.meta], args)
+            flags = scripts.SPILL(self.client, [self.keys.schedule, self.keys.spilled], args)
             kept = [row.job_id for row, flag in zip(rows, flags, strict=True) if not flag]
             if kept:  # changed meanwhile: they stay in Valkey, so not spilled on the floor
                 self.floor.upsert(self.queue, [FloorRow(r.job_id, r.due_ms, r.fields)
                                                for r in rows if r.job_id in set(kept)],
                                   self.fence)
             self.spilled += len(rows) - len(kept)
-            if len(ids) < BATCH or len(kept) == len(ids) or self._over_budget():
+            if len(ids) < BATCH or not rows or len(kept) == len(ids) or self._over_budget():
                 return
 
     def _restore_due(self, server_now: int) -> None:
@@ -249,6 +361,7 @@ class Scheduler:
         while True:
             count = self.floor.restore_due(self.queue, until, BATCH, self.fence,
                                            self._apply("spilled"))
+            self._close_buried()  # after restore_due's transaction, not inside it
             self.restored += count
             if count < BATCH or self._over_budget():
                 return
@@ -265,7 +378,7 @@ class Scheduler:
             self.rehydrate_after = None
             self.rehydrate_count = 0
             self.client.set(self.keys.epoch, self.rehydration)
-            self.client.hset(self.keys.meta, "fold", "1")
+            self.client.hset(self.keys.meta, "fold", server_now + self.fold_grace_ms)
         apply = self._apply("all")
         until = server_now + self.clock_offset_ms + self.horizon_ms
         while True:
@@ -273,17 +386,20 @@ class Scheduler:
             if not rows:
                 break
             due_soon = [r for r in rows if not r.spilled or r.due_ms < until]
+            later = [r.job_id for r in rows if r.spilled and r.due_ms >= until]
+            if later:  # still spilled: their ids stay taken
+                self.client.sadd(self.keys.spilled, *later)
             apply(due_soon)
             back = [FloorRow(r.job_id, r.due_ms, r.fields) for r in due_soon if r.spilled]
             if back:  # in Valkey again: no longer spilled
                 assert self.fence is not None
                 self.floor.upsert(self.queue, back, self.fence)
+            self._close_buried()
             self.rehydrate_count += len(due_soon)
             self.rehydrate_after = rows[-1].job_id
             if self._over_budget():
                 return False
         spilled = self.floor.count(self.queue, spilled=True)
-        self.client.hset(self.keys.meta, "spilled", spilled)
         self.client.set(self.keys.epoch, uuid.uuid4().hex)
         restored = self.rehydrate_count
         self.rehydrated += restored
@@ -295,6 +411,9 @@ class Scheduler:
 
     def _apply(self, mode: str) -> Callable[[list[FloorRow]], None]:
         def apply(rows: list[FloorRow]) -> None:
+            self._bury([(r.job_id, f"set aside by the scheduler: {r.error}")
+                        for r in rows if r.error is not None], close=False)
+            rows = [r for r in rows if r.error is None]
             for start in range(0, len(rows), 200):
                 args: list[Any] = [self.keys.prefix, mode]
                 for row in rows[start:start + 200]:
@@ -303,18 +422,70 @@ class Scheduler:
                     for k, v in fields.items():
                         args += [k, v]
                 scripts.RESTORE(self.client, [self.keys.schedule, self.keys.wake,
-                                              self.keys.meta], args)
+                                              self.keys.spilled], args)
         return apply
 
 
-def make_factory(settings: Any, floor: Floor) -> Callable[[Any], Scheduler]:
-    """A factory the arbiter calls once per queue (for queues whose dial is not volatile)."""
-    offset = int(os.environ.get("ECHOMQ_CLOCK_OFFSET_MS", "0") or 0)
+class SchedulerThread:
+    """Runs one queue's :class:`Scheduler` on a thread of its own.
 
-    def factory(rt: Any) -> Scheduler | None:
+    The floor is a remote database: a lock held by someone else, a paused or
+    partitioned server can make one call wait for as long as its timeouts allow.
+    Off the arbiter's loop, such a wait delays only folding; signals, children,
+    the metronome and ``/livez`` carry on. The arbiter's interface is kept:
+    ``deadline`` is never due (the thread keeps its own), ``tick`` does nothing.
+    """
+
+    JOIN_S = 5.0  # close(): how long to let a beat in progress finish
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.queue = scheduler.queue
+        self._stop = threading.Event()
+        self.beat_started: float | None = None  # monotonic start of the beat in progress
+        self._thread = threading.Thread(target=self._run, name=f"echomq-scheduler-{self.queue}",
+                                        daemon=True)
+        self._thread.start()
+
+    def deadline(self) -> float:
+        return math.inf
+
+    def tick(self, now: float) -> None:
+        """Nothing: the thread keeps the beat."""
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = self.scheduler.snapshot()
+        started = self.beat_started
+        snap["beat_running_s"] = round(time.monotonic() - started, 3) if started else 0.0
+        return snap
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(self.JOIN_S)  # a beat stuck past its timeouts is left to exit with us
+        self.scheduler.close()
+
+    def _run(self) -> None:
+        while True:
+            wait = max(0.0, self.scheduler.deadline() - time.monotonic())
+            if self._stop.wait(wait):  # the stop event doubles as the beat's timer
+                return
+            self.beat_started = time.monotonic()
+            try:
+                self.scheduler.tick(self.beat_started)
+            except Exception:  # a thread that died would stop folding for good
+                log.exception("queue %s: scheduler beat failed", self.queue)
+                self.scheduler.next_tick = time.monotonic() + self.scheduler.beat_s
+            finally:
+                self.beat_started = None
+
+
+def make_factory(settings: Any, floor: Floor) -> Callable[[Any], SchedulerThread]:
+    """A factory the arbiter calls once per queue (for queues whose dial is not volatile)."""
+    def factory(rt: Any) -> SchedulerThread | None:
         if settings.durability_of(rt.spec) == "volatile":
             return None
-        return Scheduler(rt.spec.name, rt.metronome.client, floor, beat_ms=settings.beat_ms,
-                         horizon_s=settings.spill_horizon, clock_offset_ms=offset)
+        return SchedulerThread(Scheduler(
+            rt.spec.name, rt.metronome.client, floor, beat_ms=settings.beat_ms,
+            horizon_s=settings.spill_horizon))
 
     return factory  # type: ignore[return-value]

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from echomq.config import DOORBELLS
 from echomq.errors import ConfigError
 
 # flag (without dashes, underscores) -> environment variable
@@ -18,6 +19,7 @@ ENV_VARS: dict[str, str] = {
     "redis_url": "ECHOMQ_REDIS_URL",
     "queue": "ECHOMQ_QUEUE",
     "handler": "ECHOMQ_HANDLER",
+    "tasks": "ECHOMQ_TASKS",
     "processes": "ECHOMQ_PROCESSES",
     "floor_url": "ECHOMQ_FLOOR_URL",
     "durability": "ECHOMQ_DURABILITY",
@@ -28,10 +30,18 @@ ENV_VARS: dict[str, str] = {
     "health_host": "ECHOMQ_HEALTH_HOST",
     "max_memory_mb": "ECHOMQ_MAX_MEMORY_MB",
     "max_jobs": "ECHOMQ_MAX_JOBS",
+    "concurrency": "ECHOMQ_CONCURRENCY",
+    "job_timeout": "ECHOMQ_JOB_TIMEOUT",
     "spill_horizon": "ECHOMQ_SPILL_HORIZON",
+    "keep_dead": "ECHOMQ_KEEP_DEAD",
+    "keep_dead_s": "ECHOMQ_KEEP_DEAD_S",
     "log_json": "ECHOMQ_LOG_JSON",
     "log_level": "ECHOMQ_LOG_LEVEL",
     "config": "ECHOMQ_CONFIG",
+    "doorbell": "ECHOMQ_DOORBELL",
+    "switch_doorbell": "ECHOMQ_SWITCH_DOORBELL",
+    "dashboard": "ECHOMQ_DASHBOARD",
+    "dashboard_actions": "ECHOMQ_DASHBOARD_ACTIONS",
 }
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -42,12 +52,17 @@ DURABILITIES = ("volatile", "folded", "sync")
 
 @dataclass(frozen=True)
 class QueueSpec:
-    """One queue served by the supervisor: its handler and how many processes run it."""
+    """One queue served by the supervisor: its handler and how many processes run it.
+
+    ``tasks``: modules whose registered tasks on this queue run by job name; with a
+    ``handler`` too, jobs no task claims go to the handler.
+    """
 
     name: str
     handler: str
     processes: int = 1
     durability: str | None = None  # None: "folded" with a floor, "volatile" without
+    tasks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,9 +79,17 @@ class Settings:
     health_host: str = "0.0.0.0"
     max_memory_mb: int | None = None
     max_jobs: int | None = None
+    concurrency: int = 1
+    job_timeout: float | None = None
     spill_horizon: float = DEFAULT_SPILL_HORIZON_S
+    keep_dead: int = 10_000  # dead jobs kept per queue (their hashes hold payload and error)
+    keep_dead_s: float = 30 * 24 * 3600.0
     log_json: bool = False
     log_level: str = "INFO"
+    doorbell: str = "list"
+    switch_doorbell: bool = False
+    dashboard: bool = False  # serve the dashboard at / of the health port
+    dashboard_actions: bool = False  # ... with retry/cancel/pause buttons
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -74,8 +97,17 @@ class Settings:
             raise ConfigError(f"beat_ms must be >= 10, got {self.beat_ms}")
         if self.lease_ms < 100:
             raise ConfigError(f"lease_ms must be >= 100, got {self.lease_ms}")
+        if self.keep_dead < 0 or self.keep_dead_s < 0:
+            raise ConfigError("keep_dead and keep_dead_s must be >= 0")
         if self.drain_timeout < 0:
             raise ConfigError(f"drain_timeout must be >= 0, got {self.drain_timeout}")
+        if self.doorbell not in DOORBELLS:
+            raise ConfigError(f"doorbell must be one of {', '.join(DOORBELLS)}, "
+                              f"got {self.doorbell!r}")
+        if not 1 <= self.concurrency <= 10_000:
+            raise ConfigError(f"concurrency must be from 1 to 10000, got {self.concurrency}")
+        if self.job_timeout is not None and not 0 < self.job_timeout < float("inf"):
+            raise ConfigError(f"job_timeout must be > 0 seconds, got {self.job_timeout}")
         for spec in self.queues:
             if spec.processes < 1:
                 raise ConfigError(f"queue {spec.name!r}: processes must be >= 1")

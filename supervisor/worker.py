@@ -1,7 +1,9 @@
 """The forked child's loop: wait on the pipe, claim while claims return work, report idle.
 
 A child never blocks on Valkey and never sleeps: between drains it is
-blocked in ``recv`` on its socketpair until the parent pokes it.
+blocked in ``recv`` on its socketpair until the parent pokes it. What it holds
+and runs is written to its shared :class:`Holdings` table as it changes, so the
+parent knows it at every moment without a message per job.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import select
 import signal
 import socket
 import time
@@ -17,10 +20,13 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from echomq.supervisor import protocol
+from echomq.supervisor.holdings import Holdings
+from echomq.supervisor.observations import Observations, TimedRunner
 
 from echomq import scripts
+from echomq.concurrent import ConcurrentDrain
 from echomq.config import QueueSettings
-from echomq.connection import NETWORK_ERRORS, client_from_url
+from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, refusal_code
 from echomq.drain import Drain
 from echomq.errors import FloorError
 from echomq.floor.writethrough import write_through
@@ -31,6 +37,10 @@ from echomq.runner import Runner
 from echomq.scripts import Settled
 
 log = logging.getLogger("echomq.worker")
+MAX_SETTLE_WAIT_S = 2.0
+# an async job past its limit is cancelled here; the parent ends the process only if this
+# much later the job still runs (a handler that blocks the event loop)
+ASYNC_GRACE_S = 2.0
 
 
 class Worker:
@@ -38,19 +48,27 @@ class Worker:
 
     def __init__(self, sock: socket.socket, queue: str, redis_url: str,
                  settings: QueueSettings, handler: Callable[..., Any],
-                 max_jobs: int | None, floor_url: str | None = None) -> None:
+                 max_jobs: int | None, floor_url: str | None = None,
+                 holdings: Holdings | None = None) -> None:
         self.sock = sock
+        self.holdings = holdings or Holdings(max(settings.claim_batch, settings.concurrency))
         self.queue = queue
         self.settings = settings
         self.max_jobs = max_jobs
         self.client = client_from_url(redis_url)
         self.lanes = Lanes(self.client, Keys(queue), settings)
-        self.runner = Runner(queue, handler, settings)
+        self.runner = Runner(queue, handler, settings, progress=self.lanes.progress)
         self.stopping = False
         self.jobs_run = 0
         self.report_jobs = 0
         self.report_wait_us = 0
-        self.drain = Drain(self.lanes, self.runner, self)
+        self.observations = Observations()
+        timed = TimedRunner(self.runner, self.observations)
+        self.drain = Drain(self.lanes, timed, self)
+        self.pool: ConcurrentDrain | None = None
+        if settings.concurrency > 1 or self.runner.has_async():
+            self.pool = ConcurrentDrain(self.lanes, timed, self, settings.concurrency)
+        self.parent_gone = False
         self.claimed_at = 0.0
         self.floor: Any = None
         if floor_url and settings.durability == "sync":
@@ -62,37 +80,108 @@ class Worker:
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True  # recorded only; the loop checks it between jobs
 
-    def serve(self) -> int:
-        """Run until told to stop; returns the exit code."""
+    def boot(self) -> None:
+        """Get ready to serve. Raises only what respawning would not cure: a server that
+        is unreachable or refusing now is met again, and waited for, at the first drain."""
         signal.signal(signal.SIGTERM, self._on_term)
         for sig in (signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # the parent decides what these mean
         for sig in (signal.SIGCHLD, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
-        scripts.load_all(self.client, self.lanes.keys.prefix)
+        try:
+            # an early load only: scripts also load on first use
+            scripts.load_all(self.client, self.lanes.keys.prefix)
+        except UNAVAILABLE_ERRORS as exc:
+            log.info("queue %s: scripts not loaded at start (%s); loading on first use",
+                     self.queue, exc)
+
+    def serve(self) -> int:
+        """Run until told to stop; returns the exit code."""
         self._send(protocol.READY.encode() + b"\n")
+        if self.pool is not None:
+            return self._serve_pool(self.pool)
         while True:
             try:
                 data = self.sock.recv(64)
             except InterruptedError:
                 data = b"P"
+            except ConnectionError:
+                data = b""  # the parent is gone: leave like at EOF, without a traceback
             if not data or protocol.STOP in data or self.stopping:
-                return protocol.EXIT_OK
+                return self._settle_then_exit(parent_gone=not data)
             if protocol.POKE in data:
                 self._drain_safely()
+                self._send_observations(force=True)
                 self._send(protocol.idle_line(self.report_jobs, self.report_wait_us))
                 self.report_jobs = self.report_wait_us = 0
             if self.stopping:
-                return protocol.EXIT_OK
+                return self._settle_then_exit()
             if self.max_jobs is not None and self.jobs_run >= self.max_jobs:
                 return protocol.EXIT_RECYCLE
 
     def _drain_safely(self) -> None:
         try:
             self.drain.run()
-        except NETWORK_ERRORS as exc:
-            # the metronome reconnects and pokes again once the server answers
-            log.warning("queue %s: server unreachable while draining: %s", self.queue, exc)
+        except UNAVAILABLE_ERRORS as exc:
+            # the metronome reconnects and pokes again once the server answers; the drain
+            # keeps the outcomes it could not settle
+            code = refusal_code(exc)
+            if code:  # the parent cannot always see a refusal itself: say so, once a poke
+                self._send(protocol.refused_line(code, str(exc)))
+            else:
+                log.warning("queue %s: server unreachable while draining: %s", self.queue, exc)
+
+    def _serve_pool(self, pool: ConcurrentDrain) -> int:
+        """Concurrent mode: the event loop runs here and watches the pipe."""
+        self.sock.setblocking(False)
+
+        def on_term() -> None:  # recorded and acted on in the loop, like a STOP line
+            self.stopping = True
+            pool.stop()
+
+        pool.loop.add_signal_handler(signal.SIGTERM, on_term)
+        pool.serve(self.sock.fileno(), self._on_pipe)
+        if self._recycle_due() and not self.stopping:
+            return protocol.EXIT_RECYCLE
+        return protocol.EXIT_OK
+
+    def _on_pipe(self) -> None:
+        assert self.pool is not None
+        try:
+            data = self.sock.recv(64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data or protocol.STOP in data:
+            self.parent_gone = not data
+            self.stopping = True
+            # with the parent gone nobody extends leases: unsettled outcomes are given up
+            self.pool.stop(abandon=self.parent_gone)
+        elif protocol.POKE in data:
+            self.pool.poke()
+
+    def _settle_then_exit(self, parent_gone: bool = False) -> int:
+        """Never leave with outcomes unsettled: retry until the server answers. The parent
+        keeps their leases meanwhile and, at its drain deadline, ends this process and
+        hands the jobs back."""
+        failures = 0
+        while self.drain.pending:
+            try:
+                self.drain.settle(self.drain.pending)
+            except UNAVAILABLE_ERRORS as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("queue %s: %d unsettled outcome(s) kept until the server "
+                                "answers: %s", self.queue, len(self.drain.pending), exc)
+                if parent_gone:
+                    break  # nobody extends their leases now: they expire and run again
+                # no event says the server is back; wait on the pipe so EOF ends the wait
+                wait = min(MAX_SETTLE_WAIT_S, 0.05 * 2 ** min(failures, 6))
+                readable, _, _ = select.select([self.sock], [], [], wait)
+                if readable and not self.sock.recv(64):
+                    parent_gone = True
+        return protocol.EXIT_OK
 
     # --- drain hooks ---------------------------------------------------------------
 
@@ -101,17 +190,29 @@ class Worker:
 
     def on_batch(self, batch: Sequence[Claimed]) -> None:
         self.claimed_at = time.perf_counter()
-        self._send(protocol.hold_line([(c.id, c.token) for c in batch]))
+        self._send_observations(force=False)
+        self.holdings.hold((c.id, c.token) for c in batch)
 
-    def on_start(self, claimed: Claimed) -> None:
+    def on_start(self, claimed: Claimed, in_thread: bool = True) -> None:
         self.report_wait_us += int((time.perf_counter() - self.claimed_at) * 1e6)
         self.jobs_run += 1
         self.report_jobs += 1
+        timeout = self.runner.timeout_of(claimed)
+        # a sync handler cannot be interrupted here: the parent ends this process at the
+        # deadline (an async one is cancelled by the runner; the parent only backs it up)
+        deadline = 0.0
+        if timeout:
+            deadline = time.monotonic() + timeout + (0.0 if in_thread else ASYNC_GRACE_S)
+        self.holdings.start(claimed.id, deadline, timeout or 0.0)
+
+    def on_finish(self, claimed: Claimed) -> None:
+        self.holdings.finish(claimed.id)
 
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
-        """Nothing to do: the next HOLD or IDLE line replaces what the parent knows."""
+        self.holdings.drop(job_id for job_id, _ in pairs)
 
     def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
+        self.holdings.drop(o.job_id for o in outcomes)
         self._write_retries(outcomes, codes)
 
     def _write_retries(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
@@ -128,6 +229,11 @@ class Worker:
             log.warning("queue %s: sync write of %d retries failed: %s", self.queue,
                         len(retries), exc)
 
+    def on_dry(self) -> None:
+        self._send_observations(force=True)
+        self._send(protocol.idle_line(self.report_jobs, self.report_wait_us))
+        self.report_jobs = self.report_wait_us = 0
+
     def batch_size(self) -> int:
         size = self.runner.batch_size()
         if self.max_jobs is not None:
@@ -137,18 +243,39 @@ class Worker:
     def _recycle_due(self) -> bool:
         return self.max_jobs is not None and self.jobs_run >= self.max_jobs
 
+    def _send_observations(self, force: bool) -> None:
+        line = self.observations.line(force)
+        if line is not None:
+            self._send(line)
+
     def _send(self, line: bytes) -> None:
-        self.sock.sendall(line)
+        try:
+            self.sock.sendall(line)
+        except BlockingIOError:
+            log.warning("queue %s: pipe to the supervisor is full; line dropped", self.queue)
 
 
 def run_child(sock: socket.socket, queue: str, redis_url: str, settings: QueueSettings,
               handler: Callable[..., Any], max_jobs: int | None,
-              floor_url: str | None = None) -> NoReturn:
+              floor_url: str | None = None, holdings: Holdings | None = None) -> NoReturn:
     """Entry point right after fork: serve, then leave without running the parent's atexit."""
     code = protocol.EXIT_OK
     random.seed()
     try:
-        code = Worker(sock, queue, redis_url, settings, handler, max_jobs, floor_url).serve()
+        try:
+            worker = Worker(sock, queue, redis_url, settings, handler, max_jobs, floor_url,
+                            holdings)
+            worker.boot()
+        except Exception as exc:  # before READY: say BOOTFAIL, whatever the exit code says
+            log.error("queue %s: consumer could not start: %s: %s", queue,
+                      type(exc).__name__, exc)
+            try:
+                sock.sendall(protocol.bootfail_line(f"{type(exc).__name__}: {exc}"))
+            except OSError:
+                pass
+            code = protocol.EXIT_BOOT_FAILED
+        else:
+            code = worker.serve()
     except BaseException:  # the child must never return into the parent's code
         log.exception("queue %s: consumer process failed", queue)
         code = 1

@@ -76,6 +76,12 @@ def queue_name() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(params=["list", "marker"])
+def doorbell(request: pytest.FixtureRequest) -> str:
+    """Each doorbell kind in turn: tests that park, ring or wake run under both."""
+    return str(request.param)
+
+
 @pytest.fixture
 def private_redis() -> Iterator[LocalRedis]:
     """A server of this test's own, free to kill, pause and restart empty."""

@@ -41,9 +41,11 @@ class Workers:
     """The system's worker processes for one workload."""
 
     def __init__(self, mod: ModuleType, processes: int, url: str, purpose: str,
-                 count_file: str) -> None:
+                 count_file: str, concurrency: int = 0) -> None:
         env = {"BENCH_REDIS_URL": url, "BENCH_COUNT_FILE": count_file,
                "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        if concurrency:
+            env["BENCH_CONCURRENCY"] = str(concurrency)
         self.launched = time.perf_counter()
         # same process group as the driver: run.py kills that group if the driver times out
         self.procs = [bl.Proc(argv, env=env, cwd=HERE, tag=f"{mod.NAME}-worker",
@@ -80,10 +82,12 @@ def file_count(path: str) -> int:
         return 0
 
 
-def fill(mod: ModuleType, prod: Any, n: int, lanes: int = 1) -> float:
-    """Queue n no-op jobs the fastest way the system offers; returns jobs/s."""
+def fill(mod: ModuleType, prod: Any, n: int, lanes: int = 1, kind: str = "noop") -> float:
+    """Queue n jobs of a kind the fastest way the system offers; returns jobs/s."""
     t0 = time.perf_counter()
-    if lanes > 1:
+    if kind != "noop":
+        prod.fill_kind(n, kind)
+    elif lanes > 1:
         prod.enqueue_bulk_lanes(n, lanes)
     elif getattr(mod, "BULK", False):
         prod.enqueue_bulk(n)
@@ -121,10 +125,13 @@ def collect(r: redis.Redis, n: int, timeout: float, workers: Workers) -> list[fl
 # --- workloads ------------------------------------------------------------------------------
 
 def w_drain(mod: ModuleType, r: redis.Redis, a: argparse.Namespace) -> dict[str, Any]:
+    if a.kind not in peerlib.KINDS:
+        raise SystemExit(f"unknown kind {a.kind!r}: one of {', '.join(peerlib.KINDS)}")
     prod = mod.Producer(a.redis_url)
-    fill_rate = fill(mod, prod, a.jobs, a.lanes)
+    fill_rate = fill(mod, prod, a.jobs, a.lanes, a.kind)
     prod.close()
-    workers = Workers(mod, a.processes, a.redis_url, "drain", a.count_file)
+    purpose = "io" if a.kind == "io" else "drain"
+    workers = Workers(mod, a.processes, a.redis_url, purpose, a.count_file, a.concurrency)
     try:
         deadline = time.monotonic() + a.max_s + 120  # the extra: worker start-up
         first_t = first_n = None
@@ -256,6 +263,9 @@ def main() -> int:
     ap.add_argument("--gap-ms", type=float, default=20.0)
     ap.add_argument("--max-s", type=float, default=60.0, help="drain: stop measuring after this")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kind", default="noop", help="drain: " + ", ".join(peerlib.KINDS))
+    ap.add_argument("--concurrency", type=int, default=0,
+                    help="in-flight jobs per worker process (0: the system's default)")
     a = ap.parse_args()
     os.environ["BENCH_REDIS_URL"] = a.redis_url
     fd, a.count_file = tempfile.mkstemp(prefix="bench-count-")
@@ -271,7 +281,7 @@ def main() -> int:
     finally:
         os.unlink(a.count_file)
     print(json.dumps({"system": a.system, "workload": a.workload, "processes": a.processes,
-                      "jobs": a.jobs, **out}))
+                      "jobs": a.jobs, "kind": a.kind, **out}))
     return 0
 
 

@@ -35,6 +35,10 @@ async def record(ctx: dict[str, Any], t: float) -> None:
     peerlib.record(t)
 
 
+async def work(ctx: dict[str, Any], kind: str, data: Any = None) -> Any:
+    return await peerlib.awork(kind, data)
+
+
 def _settings() -> Any:
     from arq.connections import RedisSettings
 
@@ -42,7 +46,8 @@ def _settings() -> Any:
 
 
 class WorkerSettings:
-    functions = [noop, record]
+    functions = [noop, record, work]
+    max_jobs = peerlib.concurrency(10)
     redis_settings = _settings()
     job_serializer = staticmethod(_ser)
     job_deserializer = staticmethod(_deser)
@@ -75,6 +80,12 @@ class Producer:
     def fill(self, n: int) -> None:
         for i in range(0, n, 500):
             self._gather([self.pool.enqueue_job("noop") for _ in range(min(500, n - i))])
+
+    def fill_kind(self, n: int, kind: str) -> None:
+        data = peerlib.data_for(kind)
+        for i in range(0, n, 500):
+            self._gather([self.pool.enqueue_job("work", kind, data)
+                          for _ in range(min(500, n - i))])
 
     def fill_delayed(self, delays: list[float]) -> None:
         for i in range(0, len(delays), 500):

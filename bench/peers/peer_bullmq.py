@@ -20,11 +20,14 @@ BULK = True
 OPTS = {"removeOnComplete": 1000, "removeOnFail": 5000}
 
 
-async def process(job: Any, token: str) -> None:
+async def process(job: Any, token: str) -> Any:
     if job.name == "noop":
         peerlib.count()
+    elif job.name in peerlib.KINDS:
+        return await peerlib.awork(job.name, job.data.get("d"))
     else:
         peerlib.record(job.data["t"])
+    return None
 
 
 async def _serve(url: str) -> None:
@@ -34,7 +37,8 @@ async def _serve(url: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    worker = Worker(peerlib.QUEUE, process, {"connection": url})
+    worker = Worker(peerlib.QUEUE, process,
+                    {"connection": url, "concurrency": peerlib.concurrency(1)})
     await stop.wait()
     await worker.close()
 
@@ -58,6 +62,12 @@ class Producer:
         for i in range(0, n, 1000):
             self.loop.run_until_complete(self.q.addBulk(
                 [{"name": "noop", "data": {}, "opts": OPTS} for _ in range(min(1000, n - i))]))
+
+    def fill_kind(self, n: int, kind: str) -> None:
+        data = {"d": peerlib.data_for(kind)}
+        for i in range(0, n, 1000):
+            self.loop.run_until_complete(self.q.addBulk(
+                [{"name": kind, "data": data, "opts": OPTS} for _ in range(min(1000, n - i))]))
 
     def fill_delayed(self, delays: list[float]) -> None:
         for i in range(0, len(delays), 1000):

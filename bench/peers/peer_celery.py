@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import peerlib
 from celery import Celery
@@ -31,6 +32,11 @@ def record(t: float) -> None:
     peerlib.record(t)
 
 
+@app.task(name="work")
+def work(kind: str, data: Any = None) -> Any:
+    return peerlib.work(kind, data)
+
+
 class Producer:
     def __init__(self, url: str) -> None:
         app.conf.broker_url = url
@@ -48,6 +54,11 @@ class Producer:
         for _ in range(n):
             noop.delay()
 
+    def fill_kind(self, n: int, kind: str) -> None:
+        data = peerlib.data_for(kind)
+        for _ in range(n):
+            work.delay(kind, data)
+
     def fill_delayed(self, delays: list[float]) -> None:
         for d in delays:
             noop.apply_async(countdown=d)
@@ -58,4 +69,8 @@ class Producer:
 
 def worker_argvs(processes: int, url: str, purpose: str) -> list[list[str]]:
     exe = os.path.join(os.path.dirname(sys.executable), "celery")
+    if purpose == "io":  # the threads pool, one worker per process, N threads each
+        return [[exe, "-A", "peer_celery", "worker", "-P", "threads", "-c",
+                 str(peerlib.concurrency(100)), "-n", f"io{i}@%h", "--loglevel", "WARNING"]
+                for i in range(processes)]
     return [[exe, "-A", "peer_celery", "worker", "-c", str(processes), "--loglevel", "WARNING"]]

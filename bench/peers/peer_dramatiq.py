@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import dramatiq
 import peerlib
@@ -30,6 +31,11 @@ def record(t: float) -> None:
     peerlib.record(t)
 
 
+@dramatiq.actor(queue_name=peerlib.QUEUE)
+def work(kind: str, data: Any = None) -> None:
+    peerlib.work(kind, data)
+
+
 class Producer:
     def __init__(self, url: str) -> None:
         pass  # the module-level broker already points at BENCH_REDIS_URL
@@ -47,6 +53,11 @@ class Producer:
         for _ in range(n):
             noop.send()
 
+    def fill_kind(self, n: int, kind: str) -> None:
+        data = peerlib.data_for(kind)
+        for _ in range(n):
+            work.send(kind, data)
+
     def fill_delayed(self, delays: list[float]) -> None:
         for d in delays:
             noop.send_with_options(delay=int(d * 1000))
@@ -57,4 +68,7 @@ class Producer:
 
 def worker_argvs(processes: int, url: str, purpose: str) -> list[list[str]]:
     exe = os.path.join(os.path.dirname(sys.executable), "dramatiq")
-    return [[exe, "peer_dramatiq", "--processes", str(processes)]]
+    argv = [exe, "peer_dramatiq", "--processes", str(processes)]
+    if purpose == "io":
+        argv += ["--threads", str(peerlib.concurrency(100))]
+    return [argv]

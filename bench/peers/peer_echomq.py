@@ -16,11 +16,19 @@ CONFIG = ("`echomq-supervisor start --processes N` (beat 1000 ms, lease 30 s, de
 BULK = True
 
 
-def handle(job: Any) -> None:
+def handle(job: Any) -> Any:
     if job.name == "noop":
         peerlib.count()
+    elif job.name in peerlib.KINDS:
+        return peerlib.work(job.name, job.payload)
     else:
         peerlib.record(job.payload["t"])
+    return None
+
+
+async def ahandle(job: Any) -> Any:
+    """The I/O workload's handler: a coroutine, run --concurrency at a time per process."""
+    return await peerlib.awork(job.name, job.payload)
 
 
 class Producer:
@@ -44,6 +52,11 @@ class Producer:
             self.q.add_many([("noop", None, {"lane": f"l{(i + k) % lanes}"})
                              for k in range(min(5000, n - i))])
 
+    def fill_kind(self, n: int, kind: str) -> None:
+        data = peerlib.data_for(kind)
+        for i in range(0, n, 5000):
+            self.q.add_many([(kind, data)] * min(5000, n - i))
+
     def fill_delayed(self, delays: list[float]) -> None:
         for i in range(0, len(delays), 5000):
             self.q.add_many([("noop", None, {"delay": d}) for d in delays[i:i + 5000]])
@@ -54,6 +67,10 @@ class Producer:
 
 def worker_argvs(processes: int, url: str, purpose: str) -> list[list[str]]:
     exe = Path(sys.executable).parent / "echomq-supervisor"
-    return [[str(exe), "start", "--redis-url", url, "--queue", peerlib.QUEUE,
-             "--handler", "peer_echomq:handle", "--processes", str(processes),
-             "--log-level", "WARNING"]]
+    argv = [str(exe), "start", "--redis-url", url, "--queue", peerlib.QUEUE,
+            "--handler", "peer_echomq:handle", "--processes", str(processes),
+            "--log-level", "WARNING"]
+    if purpose == "io":  # async handlers, many in flight per process
+        argv[argv.index("peer_echomq:handle")] = "peer_echomq:ahandle"
+        argv += ["--concurrency", str(peerlib.concurrency(100))]
+    return [argv]

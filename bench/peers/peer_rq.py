@@ -8,6 +8,7 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import peerlib
 
@@ -25,6 +26,10 @@ def noop() -> None:
 
 def record(t: float) -> None:
     peerlib.record(t)
+
+
+def work(kind: str, data: Any = None) -> Any:
+    return peerlib.work(kind, data)
 
 
 class Producer:
@@ -50,6 +55,14 @@ class Producer:
 
         for i in range(0, n, 1000):
             self.q.enqueue_many([Queue.prepare_data("peer_rq.noop")
+                                 for _ in range(min(1000, n - i))])
+
+    def fill_kind(self, n: int, kind: str) -> None:
+        from rq import Queue
+
+        data = peerlib.data_for(kind)
+        for i in range(0, n, 1000):
+            self.q.enqueue_many([Queue.prepare_data("peer_rq.work", (kind, data))
                                  for _ in range(min(1000, n - i))])
 
     def fill_delayed(self, delays: list[float]) -> None:

@@ -26,6 +26,10 @@ async def record(ctx: dict[str, Any], *, t: float) -> None:
     peerlib.record(t)
 
 
+async def work(ctx: dict[str, Any], *, kind: str, data: Any = None) -> Any:
+    return await peerlib.awork(kind, data)
+
+
 def _queue(url: str) -> Any:
     from saq import Queue
 
@@ -34,7 +38,8 @@ def _queue(url: str) -> Any:
 
 settings = {
     "queue": _queue(os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:1/0")),
-    "functions": [noop, record],
+    "functions": [noop, record, work],
+    "concurrency": peerlib.concurrency(10),
 }
 
 
@@ -62,6 +67,12 @@ class Producer:
     def fill(self, n: int) -> None:
         for i in range(0, n, 500):
             self._gather([self.q.enqueue("noop") for _ in range(min(500, n - i))])
+
+    def fill_kind(self, n: int, kind: str) -> None:
+        data = peerlib.data_for(kind)
+        for i in range(0, n, 500):
+            self._gather([self.q.enqueue("work", kind=kind, data=data)
+                          for _ in range(min(500, n - i))])
 
     def fill_delayed(self, delays: list[float]) -> None:
         now = time.time()

@@ -20,7 +20,8 @@ BENCH = HERE.parent
 REPO = BENCH.parent
 DOC = REPO / "docs" / "benchmarks.md"
 PNG = REPO / "docs" / "benchmarks.png"
-ORDER = ["echomq", "rq", "arq", "saq", "celery", "dramatiq", "bullmq"]
+ORDER = ["echomq", "rq", "arq", "saq", "celery", "dramatiq", "bullmq", "huey", "huey_thread",
+         "streaq", "taskiq"]
 
 
 def med(values: list[float]) -> dict[str, float] | None:
@@ -107,7 +108,30 @@ class Peers:
                 row += [self.cell(label, s, metric, spec),
                         ratio(self.stat(label, s, metric), self.stat(label, "echomq", metric))]
             rows.append(row)
-        return table(headers, rows) + (f"\n\n{note}" if note else "")
+        best = [self.best_peer(label, metric) for _, metric, _ in cols]
+        lines = [f"Best peer ({h}): **{b[0]}**, EchoMQ {self._versus(label, metric, b)}."
+                 for (h, metric, _), b in zip(cols, best, strict=True) if b is not None]
+        text = table(headers, rows)
+        if lines:
+            text += "\n\n" + " ".join(lines)
+        return text + (f"\n\n{note}" if note else "")
+
+    def best_peer(self, label: str, metric: str) -> tuple[str, float] | None:
+        """The best measured peer (not EchoMQ) of one table, by median."""
+        higher = metric.endswith("rate")
+        found = [(s, st["median"]) for s in self.systems if s != "echomq"
+                 if (st := self.stat(label, s, metric)) is not None]
+        if not found:
+            return None
+        return (max if higher else min)(found, key=lambda item: item[1])
+
+    def _versus(self, label: str, metric: str, best: tuple[str, float]) -> str:
+        own = self.stat(label, "echomq", metric)
+        if own is None or not best[1] or not own["median"]:
+            return "not measured"
+        if metric.endswith("rate"):
+            return f"{own['median'] / best[1]:.1f}× its rate"
+        return f"{best[1] / own['median']:.1f}× lower"
 
 
 # --- EchoMQ's own benchmarks ------------------------------------------------------------------
@@ -298,6 +322,17 @@ def main(path: str) -> int:
                 peers.metric_table("drain×1", [("1 process jobs/s", "rate", ",.0f")]), "",
                 peers.metric_table("drain×2", [("2 processes jobs/s", "rate", ",.0f")],
                                    peers.cut_note("drain×1", "drain×2")), "",
+                "### 1b. Drains that look like real jobs", "",
+                peers.metric_table("1 KiB×1", [("1 KiB payload, 200 B result, 1 process jobs/s",
+                                                 "rate", ",.0f")]), "",
+                peers.metric_table("cpu×1", [("~100 µs CPU per job, 1 process jobs/s", "rate",
+                                               ",.0f")]), "",
+                peers.metric_table("io×2 (200)", [("50 ms I/O, 2 processes × 100 in flight "
+                                                   "jobs/s (ideal 4,000)", "rate", ",.0f")]), "",
+                peers.metric_table("io×2 (2000)", [("50 ms I/O, 2 processes × 1,000 in flight "
+                                                    "jobs/s", "rate", ",.0f")],
+                                   peers.cut_note("1 KiB×1", "cpu×1", "io×2 (200)",
+                                                  "io×2 (2000)")), "",
                 "### 2. Enqueue throughput (no workers)", "",
                 peers.metric_table("enqueue", [("one by one jobs/s", "one_rate", ",.0f"),
                                                ("bulk jobs/s", "bulk_rate", ",.0f")],

@@ -4,11 +4,11 @@
     .venv/bin/python bench/peers/run.py --quick         # small sizes, one run: a smoke test
     .venv/bin/python bench/peers/run.py --systems echomq,rq --workloads drain,pickup
 
-1. Virtualenvs: ``bench/.peers-venv`` gets RQ, SAQ, Celery[redis], Dramatiq[redis] and
-   the ``bullmq`` package (plus matplotlib for the chart); arq pins ``redis<6`` while
-   Celery/kombu and bullmq need ``redis>=6.4``, so arq gets its own, nested at
-   ``bench/.peers-venv/arq``. A package that cannot be installed is reported, not fatal.
-   EchoMQ runs from the repository's ``.venv``.
+1. Virtualenvs: ``bench/.peers-venv`` gets RQ, SAQ, Celery[redis], Dramatiq[redis], huey
+   (and gevent), streaq, taskiq-redis and the ``bullmq`` package (plus matplotlib for the
+   chart); arq pins ``redis<6`` while Celery/kombu and bullmq need ``redis>=6.4``, so arq
+   gets its own, nested at ``bench/.peers-venv/arq``. A package that cannot be installed
+   is reported, not fatal. EchoMQ runs from the repository's ``.venv``.
 2. One private redis-server (``LocalRedis``), never the shared one; its raw limits
    (``redis-benchmark``) and a redis-py PING loop.
 3. For each run, each system, each workload: ``driver.py`` in that system's virtualenv,
@@ -53,14 +53,21 @@ PEER_PACKAGES = {  # system -> pip requirement, in the shared peers venv
     "celery": "celery[redis]",
     "dramatiq": "dramatiq[redis]",
     "bullmq": "bullmq",
+    "huey": "huey",
+    "huey_thread": "huey",
+    "streaq": "streaq",
+    "taskiq": "taskiq-redis",
 }
-COMMON_PACKAGES = ["psutil", "hiredis", "matplotlib"]
+COMMON_PACKAGES = ["psutil", "hiredis", "matplotlib", "gevent"]  # gevent: huey's greenlets
 ARQ_PACKAGES = ["arq", "psutil", "hiredis"]
-SYSTEMS = ["echomq", "rq", "arq", "saq", "celery", "dramatiq", "bullmq"]
+SYSTEMS = ["echomq", "rq", "arq", "saq", "celery", "dramatiq", "bullmq", "huey", "huey_thread",
+           "streaq", "taskiq"]
 VERSION_NAMES = {"echomq": ["echomq", "redis", "hiredis"], "rq": ["rq", "redis"],
                  "arq": ["arq", "redis"], "saq": ["saq", "redis"],
                  "celery": ["celery", "kombu", "redis"], "dramatiq": ["dramatiq", "redis"],
-                 "bullmq": ["bullmq", "redis"]}
+                 "bullmq": ["bullmq", "redis"], "huey": ["huey", "redis", "gevent"],
+                 "huey_thread": ["huey", "redis"], "streaq": ["streaq", "coredis"],
+                 "taskiq": ["taskiq", "taskiq-redis", "redis"]}
 
 
 def log(msg: str) -> None:
@@ -240,6 +247,13 @@ def plan(quick: bool, scale_jobs: int) -> list[tuple[str, str, dict[str, Any], f
     return [
         ("drain×1", "drain", {"jobs": j, "processes": 1, "max_s": cap}, 300, False),
         ("drain×2", "drain", {"jobs": j, "processes": 2, "max_s": cap}, 300, False),
+        ("1 KiB×1", "drain", {"jobs": j, "processes": 1, "max_s": cap, "kind": "payload"},
+         300, False),
+        ("cpu×1", "drain", {"jobs": j, "processes": 1, "max_s": cap, "kind": "cpu"}, 300, False),
+        ("io×2 (200)", "drain", {"jobs": j, "processes": 2, "max_s": cap, "kind": "io",
+                                 "concurrency": 100}, 300, False),
+        ("io×2 (2000)", "drain", {"jobs": j, "processes": 2, "max_s": cap, "kind": "io",
+                                  "concurrency": 1000}, 300, False),
         ("enqueue", "enqueue", {"jobs": 500 if quick else 5_000, "bulk_jobs": j}, 300, False),
         ("pickup", "pickup", {"jobs": 50 if quick else 200, "processes": 1}, 180, False),
         ("idle×1", "idle", {"seconds": idle_s, "processes": 1}, 180, False),

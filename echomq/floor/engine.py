@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from echomq.connection import redact_url as redact_text_url
 from echomq.errors import FloorError
 
 #: Execution option that makes a SQLite transaction start with BEGIN IMMEDIATE.
@@ -16,25 +16,24 @@ WRITE_OPTION = "emq_write"
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 PG_CONNECT_TIMEOUT_S = 10
-
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#]*)@")
-_QUERY_PASSWORD = re.compile(r"(?i)([?&](?:password|pass|pwd)=)[^&#]*")
-
+#: Bounds on one PostgreSQL statement and on its wait for a lock (server side).
+PG_STATEMENT_TIMEOUT_MS = 30_000
+PG_LOCK_TIMEOUT_MS = 10_000
+#: Bound on unacknowledged data and dead peers (client side, TCP): a server that
+#: stops answering mid-statement (paused, partitioned) fails the call instead of
+#: hanging it until the kernel gives up after ~15 minutes.
+PG_TCP_USER_TIMEOUT_MS = 30_000
+PG_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                 "keepalives_count": 3}
 
 def redact_url(url: str | URL) -> str:
-    """Return ``url`` with any password replaced by ``***``.
+    """Return ``url`` with any password (userinfo or ``?password=``) replaced by ``***``.
 
     Works on text that does not parse as a URL too, so error paths can always
     call it.
     """
     text = url.render_as_string(hide_password=False) if isinstance(url, URL) else str(url)
-
-    def _userinfo(m: re.Match[str]) -> str:
-        user, sep, _password = m["userinfo"].partition(":")
-        return f"{m['scheme']}{user}{':***' if sep else ''}@"
-
-    text = _USERINFO.sub(_userinfo, text, count=1)
-    return _QUERY_PASSWORD.sub(r"\1***", text)
+    return redact_text_url(text)
 
 
 def normalize_url(url: str) -> URL:
@@ -63,12 +62,18 @@ def normalize_url(url: str) -> URL:
 
 
 def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
-                connect_timeout_s: int = PG_CONNECT_TIMEOUT_S) -> Engine:
+                connect_timeout_s: int = PG_CONNECT_TIMEOUT_S,
+                statement_timeout_ms: int = PG_STATEMENT_TIMEOUT_MS,
+                lock_timeout_ms: int = PG_LOCK_TIMEOUT_MS,
+                tcp_user_timeout_ms: int = PG_TCP_USER_TIMEOUT_MS) -> Engine:
     """Create the floor's engine for a SQLite or PostgreSQL URL.
 
-    The timeouts bound how long one call may wait for a locked SQLite file or an
-    unanswering PostgreSQL server; the supervisor passes short ones so a floor
-    outage never holds up its loop for long.
+    Every wait of one call is bounded: on SQLite the wait for a locked file
+    (``busy_timeout``); on PostgreSQL the connect, each statement
+    (``statement_timeout``), its wait for a row or table lock (``lock_timeout``)
+    and an unanswering server (TCP keepalives and ``tcp_user_timeout``). A bound
+    that fires raises, and the caller's error handling takes over. Settings
+    given in the URL's query win over these.
     """
     parsed = normalize_url(url)
     try:
@@ -76,12 +81,23 @@ def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
             engine = create_engine(parsed)
             _tune_sqlite(engine, busy_timeout_ms)
             return engine
-        connect_args: dict[str, Any] = {}
-        if "connect_timeout" not in parsed.query:
-            connect_args["connect_timeout"] = connect_timeout_s
+        connect_args = _pg_connect_args(parsed, connect_timeout_s, statement_timeout_ms,
+                                        lock_timeout_ms, tcp_user_timeout_ms)
         return create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise FloorError(f"cannot create floor engine for {redact_url(parsed)}: {exc}") from exc
+
+
+def _pg_connect_args(parsed: URL, connect_timeout_s: int, statement_timeout_ms: int,
+                     lock_timeout_ms: int, tcp_user_timeout_ms: int) -> dict[str, Any]:
+    """libpq connection parameters bounding every wait, unless the URL sets them."""
+    args: dict[str, Any] = {"connect_timeout": connect_timeout_s,
+                            "tcp_user_timeout": tcp_user_timeout_ms, **PG_KEEPALIVES}
+    args = {k: v for k, v in args.items() if k not in parsed.query}
+    if "options" not in parsed.query:
+        args["options"] = (f"-c statement_timeout={int(statement_timeout_ms)} "
+                           f"-c lock_timeout={int(lock_timeout_ms)}")
+    return args
 
 
 def _tune_sqlite(engine: Engine, busy_timeout_ms: int) -> None:

@@ -22,7 +22,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Connection, Engine, delete, func, select, text, true, update
+from sqlalchemy import Connection, Engine, delete, false, func, select, text, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
@@ -38,12 +38,15 @@ _MIGRATE_LOCK = 0x454D51464C4F4F52
 
 @dataclass(frozen=True)
 class FloorRow:
-    """One job on the floor: its id, due time (ms since the epoch) and Redis hash."""
+    """One job on the floor: its id, due time (ms since the epoch) and Redis hash.
+
+    ``error`` says why a stored row could not be read (its fields are then empty)."""
 
     job_id: str
     due_ms: int
     fields: dict[str, str]
     spilled: bool = False
+    error: str | None = None
 
 
 class Floor:
@@ -147,6 +150,30 @@ class Floor:
             conn.execute(stmt, params)  # executemany: one prepared statement, many rows
         return len(params)
 
+    def write_through(self, queue: str, rows: Sequence[FloorRow]) -> int:
+        """A producer's or consumer's write (durability "sync"), unfenced: insert the rows
+        (not spilled), or update those not spilled. A spilled row is the leader's alone:
+        the job left Valkey after this write's read, and only a restore may unspill it.
+        Returns the rows sent."""
+        if not rows:
+            return 0
+        now = _now_ms()
+        unique = {row.job_id: row for row in rows}
+        params = [
+            {"queue": queue, "job_id": row.job_id, "due_ms": row.due_ms, "spilled": False,
+             "fields": _dump(row.fields), "created_ms": now, "updated_ms": now}
+            for row in unique.values()
+        ]
+        stmt = self._insert(jobs)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[jobs.c.queue, jobs.c.job_id],
+            set_={name: stmt.excluded[name] for name in ("due_ms", "fields", "updated_ms")},
+            where=jobs.c.spilled == false(),
+        )
+        with self._write("write_through", queue, None) as conn:
+            conn.execute(stmt, params)
+        return len(params)
+
     def close(self) -> None:
         """Close every pooled connection (same as :meth:`dispose`)."""
         self.dispose()
@@ -160,6 +187,20 @@ class Floor:
         with self._write("close", queue, fence) as conn:
             for chunk in _chunks(ids):
                 stmt = delete(jobs).where(jobs.c.queue == queue, jobs.c.job_id.in_(chunk))
+                closed += conn.execute(stmt).rowcount
+        return closed
+
+    def close_orphans(self, queue: str, job_ids: Iterable[str], fence: int) -> int:
+        """Delete the rows of these jobs unless they are spilled (a row whose job finished
+        but whose close was missed). Returns how many were deleted."""
+        ids = _unique(job_ids)
+        if not ids:
+            return 0
+        closed = 0
+        with self._write("close_orphans", queue, fence) as conn:
+            for chunk in _chunks(ids):
+                stmt = delete(jobs).where(jobs.c.queue == queue, jobs.c.job_id.in_(chunk),
+                                          jobs.c.spilled == false())
                 closed += conn.execute(stmt).rowcount
         return closed
 
@@ -193,10 +234,8 @@ class Floor:
         if self._pg:
             stmt = stmt.with_for_update(skip_locked=True)
         with self._write("restore_due", queue, fence) as conn:
-            rows = [
-                FloorRow(job_id, due_ms, json.loads(fields), spilled=True)
-                for job_id, due_ms, fields in conn.execute(stmt)
-            ]
+            rows = [_row(job_id, due_ms, fields, True)
+                    for job_id, due_ms, fields in conn.execute(stmt)]
             if not rows:
                 return 0
             apply(rows)
@@ -214,10 +253,8 @@ class Floor:
             stmt = stmt.where(jobs.c.job_id > after_job_id)
         stmt = stmt.order_by(jobs.c.job_id).limit(limit)
         with self._guard("open_rows"), self._engine.connect() as conn:
-            return [
-                FloorRow(job_id, due_ms, json.loads(fields), spilled=bool(spilled))
-                for job_id, due_ms, fields, spilled in conn.execute(stmt)
-            ]
+            return [_row(job_id, due_ms, fields, bool(spilled))
+                    for job_id, due_ms, fields, spilled in conn.execute(stmt)]
 
     def count(self, queue: str, spilled: bool | None = None) -> int:
         """Rows of ``queue``; only spilled (or only unspilled) ones when ``spilled`` is given."""
@@ -341,6 +378,20 @@ def _script_location() -> str:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _row(job_id: str, due_ms: Any, text: Any, spilled: bool) -> FloorRow:
+    """A stored row; one that does not parse comes back with ``error`` set, never raises."""
+    try:
+        fields = json.loads(text)
+        if not isinstance(fields, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
+            raise ValueError("fields are not an object of strings")
+        return FloorRow(job_id, int(due_ms), fields, spilled=spilled)
+    except (TypeError, ValueError) as exc:
+        error = f"floor row of job {job_id!r} cannot be read: {exc}"
+        due = due_ms if isinstance(due_ms, int) else 0
+        return FloorRow(job_id, due, {}, spilled=spilled, error=error[:500])
 
 
 def _dump(fields: dict[str, str]) -> str:

@@ -14,8 +14,9 @@ from echomq.keys import Keys
 def write_through(client: redis.Redis, keys: Keys, floor: Floor, job_ids: Sequence[str]) -> int:
     """Copy the hashes of these jobs, where still scheduled, to the floor; returns rows written.
 
-    Unfenced: producers and consumers are not the scheduler, and an upsert of the
-    job's current hash is always safe to repeat.
+    Unfenced (producers and consumers are not the scheduler), so it never touches a
+    spilled row: the scheduler may spill the job between this read and this write,
+    and an upsert of the hash read before would mark it "in Valkey" while it is not.
     """
     if not job_ids:
         return 0
@@ -25,7 +26,8 @@ def write_through(client: redis.Redis, keys: Keys, floor: Floor, job_ids: Sequen
     rows = []
     for job_id, raw in zip(job_ids, pipe.execute(), strict=True):
         h: dict[str, Any] = {k.decode(): v.decode() for k, v in raw.items()}
-        if h.get("state") == "scheduled":
-            rows.append(FloorRow(job_id=job_id, due_ms=int(h.get("due_ms") or 0), fields=h))
-    floor.upsert(keys.queue, rows, None)
+        due = h.get("due_ms") or ""
+        if h.get("state") == "scheduled" and due.isdigit():  # a malformed one: the scheduler's
+            rows.append(FloorRow(job_id=job_id, due_ms=int(due), fields=h))
+    floor.write_through(keys.queue, rows)
     return len(rows)

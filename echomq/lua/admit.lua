@@ -1,16 +1,23 @@
 --[[
   admit: write jobs that are claimable now and push each onto its lane.
 
-  Idempotent per job id: an id whose hash already exists is left unchanged.
-  A lane that goes from empty to non-empty joins the ring. Rings the doorbell
-  once when anything was admitted.
+  Idempotent per job id: an id whose hash already exists, or that is spilled
+  (held by the floor alone), is left unchanged. An id still reserved by
+  dedup_ms after its job completed (key "dedup:<id>", built inside) counts as
+  existing. A lane that goes from empty to non-empty joins the ring. Rings the
+  doorbell once when anything was admitted, unless the queue is paused (nothing
+  could claim it; resume rings instead).
 
   Input:
-    KEYS[1] ring   list of lanes with waiting jobs
-    KEYS[2] wake   the doorbell list
+    KEYS[1] ring     list of lanes with waiting jobs
+    KEYS[2] wake     the doorbell list
+    KEYS[3] spilled  set of ids held by the floor alone
+    KEYS[4] stats    counters (field "waiting": ids on the lanes)
+    KEYS[5] paused   string, present while the queue is paused
     ARGV[1] key prefix "emq:{q}:"  (job hashes and lane lists are built from it)
     ARGV[2] n, the number of jobs
-    ARGV[3..] per job, 7 values: id, name, payload, lane, max_attempts, max_stalls, backoff
+    ARGV[3..] per job, 10 values: id, name, payload, lane, max_attempts, max_stalls, backoff,
+              timeout_ms ('' for none), dedup_ms ('' for none), trace (a W3C traceparent or '')
 
   Output:
     an array of n integers: 1 admitted, 0 already existed
@@ -22,16 +29,20 @@ local n = tonumber(ARGV[2])
 local out = {}
 local admitted = false
 for i = 0, n - 1 do
-  local b = 3 + i * 7
+  local b = 3 + i * 10
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
-  if redis.call('EXISTS', jk) == 1 then
+  if redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0
+      or redis.call('SISMEMBER', KEYS[3], id) == 1 then
     out[i + 1] = 0
   else
     local lane = ARGV[b + 3]
     redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
       'lane', lane, 'state', 'waiting', 'attempts', 0, 'max_attempts', ARGV[b + 4],
       'stalls', 0, 'max_stalls', ARGV[b + 5], 'backoff', ARGV[b + 6], 'created_ms', now)
+    if ARGV[b + 7] ~= '' then redis.call('HSET', jk, 'timeout_ms', ARGV[b + 7]) end
+    if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'dedup_ms', ARGV[b + 8]) end
+    if ARGV[b + 9] ~= '' then redis.call('HSET', jk, 'trace', ARGV[b + 9]) end
     if redis.call('RPUSH', prefix .. 'lane:' .. lane, id) == 1 then
       redis.call('RPUSH', KEYS[1], lane)
     end
@@ -40,7 +51,16 @@ for i = 0, n - 1 do
   end
 end
 if admitted then
-  redis.call('LPUSH', KEYS[2], '1')
-  redis.call('LTRIM', KEYS[2], 0, 63)
+  local added = 0
+  for i = 1, n do added = added + out[i] end
+  redis.call('HINCRBY', KEYS[4], 'waiting', added)
+  if redis.call('EXISTS', KEYS[5]) == 0 then
+    if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+      redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
+    else
+      redis.call('LPUSH', KEYS[2], '1')
+      redis.call('LTRIM', KEYS[2], 0, 63)
+    end
+  end
 end
 return out

@@ -6,19 +6,27 @@
   always has a larger token, even after Valkey lost its data. The floor
   refuses writes with a token smaller than one it has seen.
 
+  The leader also renews the fold lease (meta field "fold": until when, in
+  server ms, scripts append to the fold and closed logs). When no scheduler
+  runs, the lease runs out and the logs stop growing; the next leader learns
+  that it lapsed and sweeps the schedule set onto the floor instead.
+
   Input:
     KEYS[1] leader    string "<replica>|<fence>", with a TTL
     KEYS[2] fold      list of ids to write to the floor
     KEYS[3] closed    list of ids whose floor rows to close
     KEYS[4] epoch     set by the scheduler; gone means Valkey lost its data
     KEYS[5] schedule  zset of deferred job ids by due time (ms)
+    KEYS[6] meta      queue settings hash (field "fold")
     ARGV[1] replica id
     ARGV[2] lease ttl in ms
     ARGV[3] spill threshold offset in ms (jobs due after now + this are spill candidates)
+    ARGV[4] fold lease in ms
 
   Output:
     { fence or -1 when another replica leads, fold length, closed length,
-      epoch or "", spill candidates, server now in ms }
+      epoch or "", spill candidates, server now in ms,
+      1 when the fold lease had lapsed before this call (else 0) }
 ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -35,6 +43,12 @@ else
   fence = now
   redis.call('SET', KEYS[1], me .. '|' .. fence, 'PX', ARGV[2])
 end
+local lapsed = 0
+if fence >= 0 then
+  if (tonumber(redis.call('HGET', KEYS[6], 'fold') or '') or 0) < now then lapsed = 1 end
+  redis.call('HSET', KEYS[6], 'fold', now + tonumber(ARGV[4]))
+end
 local epoch = redis.call('GET', KEYS[4]) or ''
 local spill = redis.call('ZCOUNT', KEYS[5], '(' .. (now + tonumber(ARGV[3])), '+inf')
-return { fence, redis.call('LLEN', KEYS[2]), redis.call('LLEN', KEYS[3]), epoch, spill, now }
+return { fence, redis.call('LLEN', KEYS[2]), redis.call('LLEN', KEYS[3]), epoch, spill, now,
+  lapsed }

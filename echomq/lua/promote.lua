@@ -11,6 +11,7 @@
     KEYS[1] schedule  zset of deferred job ids by due time (ms)
     KEYS[2] ring      list of lanes with waiting jobs
     KEYS[3] wake      the doorbell list
+    KEYS[4] stats     counters (field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] pump_batch
 
@@ -35,8 +36,13 @@ for _, id in ipairs(due) do
   end
 end
 if promoted > 0 then
-  redis.call('LPUSH', KEYS[3], '1')
-  redis.call('LTRIM', KEYS[3], 0, 63)
+  redis.call('HINCRBY', KEYS[4], 'waiting', promoted)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
+  else
+    redis.call('LPUSH', KEYS[3], '1')
+    redis.call('LTRIM', KEYS[3], 0, 63)
+  end
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local next_due = -1

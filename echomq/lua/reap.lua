@@ -8,13 +8,17 @@
   costs the job:
     "stall"     stalls + 1; past max_stalls the job goes dead instead
     "requeue"   nothing (a drain that ran out of time)
-    "unstarted" attempts - 1 (the job never began)
-  Rings the doorbell when any job became claimable. Job hashes and lane lists
-  are built inside.
+    "unstarted" attempts - 1 (the job never began, or its run is not charged)
+  Given pairs go back to the head of their lanes in the order given (the
+  first pair ends up first).
+  Rings the doorbell when any job became claimable, and a buried job's result
+  doorbell "done:<id>" when a result waiter marked it. Job hashes, lane lists
+  and doorbells are built inside.
 
   Input:
     KEYS[1] leases  KEYS[2] ring  KEYS[3] wake  KEYS[4] dead  KEYS[5] stats
     KEYS[6] meta    KEYS[7] closed
+    (stats field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] limit
     ARGV[3] mode: "stall", "requeue" or "unstarted"
@@ -27,10 +31,12 @@ local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
 local mode = ARGV[3]
-local fold = redis.call('HGET', KEYS[6], 'fold') == '1'
+-- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
+local fold = (tonumber(redis.call('HGET', KEYS[6], 'fold') or '') or 0) >= now
 local ids = {}
 if #ARGV >= 4 then
-  for i = 4, #ARGV, 2 do
+  -- last pair first: each LPUSH goes in front of the one before
+  for i = #ARGV - 1, 4, -2 do
     local tok = redis.call('HGET', prefix .. 'job:' .. ARGV[i], 'token')
     if tok and tok ~= '' and tok == ARGV[i + 1] then ids[#ids + 1] = ARGV[i] end
   end
@@ -42,17 +48,21 @@ local buried = 0
 for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   local jk = prefix .. 'job:' .. id
-  local f = redis.call('HMGET', jk, 'lane', 'stalls', 'max_stalls', 'deferred')
+  local f = redis.call('HMGET', jk, 'lane', 'stalls', 'max_stalls', 'deferred', 'waited')
   if f[1] then
-    local stalls = tonumber(f[2] or '0')
+    local stalls = tonumber(f[2]) or 0  -- malformed counts read as missing ones
     if mode == 'stall' then stalls = stalls + 1 end
-    if mode == 'stall' and stalls > tonumber(f[3] or '1') then
+    if mode == 'stall' and stalls > (tonumber(f[3]) or 1) then
       redis.call('HSET', jk, 'state', 'dead', 'stalls', stalls, 'finished_ms', now,
         'error', 'stalled ' .. stalls .. ' times: the lease expired or the process running it died')
       redis.call('HDEL', jk, 'token')
       redis.call('ZADD', KEYS[4], now, id)
       redis.call('HINCRBY', KEYS[5], 'dead', 1)
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[7], id) end
+      if f[5] then
+        redis.call('LPUSH', prefix .. 'done:' .. id, 'd')
+        redis.call('PEXPIRE', prefix .. 'done:' .. id, 60000)
+      end
       buried = buried + 1
     else
       redis.call('HSET', jk, 'state', 'waiting', 'stalls', stalls)
@@ -66,8 +76,13 @@ for _, id in ipairs(ids) do
   end
 end
 if requeued > 0 then
-  redis.call('LPUSH', KEYS[3], '1')
-  redis.call('LTRIM', KEYS[3], 0, 63)
+  redis.call('HINCRBY', KEYS[5], 'waiting', requeued)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
+  else
+    redis.call('LPUSH', KEYS[3], '1')
+    redis.call('LTRIM', KEYS[3], 0, 63)
+  end
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local next_expiry = -1

@@ -4,14 +4,15 @@
   Used for spilled jobs coming within the horizon and for rehydration after
   Valkey lost its data. Idempotent: a job whose hash exists is left alone
   (it is already in Valkey), and the schedule entry is added with NX. A
+  restored id leaves the spilled set. A
   restored job is "scheduled" at the given score; due ones are promoted by
   the next beat. Rings the doorbell when a restored job became the head.
   Job hashes are built inside.
 
   Input:
-    KEYS[1] schedule  KEYS[2] wake  KEYS[3] meta
+    KEYS[1] schedule  KEYS[2] wake  KEYS[3] spilled (set of ids held by the floor alone)
     ARGV[1] key prefix "emq:{q}:"
-    ARGV[2] "spilled" to decrement the spilled count per restored job, else "all"
+    ARGV[2] unused (kept for the argument layout)
     ARGV[3..] per job: id, score (ms), field count n, then n field/value pairs
 
   Output:
@@ -36,6 +37,7 @@ while i <= #ARGV do
     redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', score, 'deferred', 1)
     redis.call('HDEL', jk, 'token')
     redis.call('ZADD', KEYS[1], 'NX', score, id)
+    redis.call('SREM', KEYS[3], id)
     if head_due == nil or score < head_due then
       head_due = score
       new_head = true
@@ -47,11 +49,12 @@ while i <= #ARGV do
   end
   i = i + 3 + n * 2
 end
-if ARGV[2] == 'spilled' and restored > 0 then
-  redis.call('HINCRBY', KEYS[3], 'spilled', -restored)
-end
 if new_head then
-  redis.call('LPUSH', KEYS[2], '1')
-  redis.call('LTRIM', KEYS[2], 0, 63)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', head_due, '1')
+  else
+    redis.call('LPUSH', KEYS[2], '1')
+    redis.call('LTRIM', KEYS[2], 0, 63)
+  end
 end
 return out

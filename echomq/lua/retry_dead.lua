@@ -7,6 +7,7 @@
 
   Input:
     KEYS[1] dead  KEYS[2] ring  KEYS[3] wake
+    KEYS[4] stats counters (field "waiting": ids on the lanes; "dead" is a running total)
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] limit (used when no ids are given: the oldest dead jobs first)
     ARGV[3..] optional job ids
@@ -37,7 +38,12 @@ for _, id in ipairs(ids) do
   end
 end
 if moved > 0 then
-  redis.call('LPUSH', KEYS[3], '1')
-  redis.call('LTRIM', KEYS[3], 0, 63)
+  redis.call('HINCRBY', KEYS[4], 'waiting', moved)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
+  else
+    redis.call('LPUSH', KEYS[3], '1')
+    redis.call('LTRIM', KEYS[3], 0, 63)
+  end
 end
 return moved

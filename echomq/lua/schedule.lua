@@ -1,9 +1,10 @@
 --[[
   schedule: write deferred jobs and add them to the schedule set by due time.
 
-  Idempotent per job id, like admit. Due time is the server clock plus the
+  Idempotent per job id, like admit (a spilled id, or one reserved by dedup_ms,
+  counts as taken). Due time is the server clock plus the
   delay, or an absolute time when one is given. When the queue folds onto a
-  floor (meta field "fold" = "1"), each new id is appended to the fold log.
+  floor (meta field "fold", a lease expiry in ms, not yet passed), each new id is appended to the fold log.
   Rings the doorbell only when a new job became the schedule's head, so a
   parked metronome re-computes its wait; otherwise nobody needs waking.
 
@@ -12,13 +13,18 @@
     KEYS[2] wake      the doorbell list
     KEYS[3] meta      queue settings hash
     KEYS[4] fold      list of ids not yet written to the floor
+    KEYS[5] spilled   set of ids held by the floor alone
     ARGV[1] key prefix "emq:{q}:"  (job hashes are built from it)
     ARGV[2] n, the number of jobs
-    ARGV[3..] per job, 8 values: id, name, payload, lane, max_attempts, max_stalls,
-              backoff, due (">=0": absolute ms; "-<d>": d ms from now)
+    ARGV[3..] per job, 11 values: id, name, payload, lane, max_attempts, max_stalls,
+              backoff, timeout_ms ('' for none), dedup_ms ('' for none),
+              trace (a W3C traceparent or ''),
+              due (">=0": absolute ms; "-<d>": d ms from now)
 
   Output:
-    an array of n integers: 1 scheduled, 0 already existed
+    an array of n integers: 1 scheduled, 0 already existed;
+    an error reply "invalid due time", changing nothing, when a due time is not an
+    integer or would fall after 10^14 - 1 ms (it could not be stored as integer text)
 ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -26,24 +32,38 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local exact = t[1] * 1000 + t[2] / 1000
 local prefix = ARGV[1]
 local n = tonumber(ARGV[2])
-local fold = redis.call('HGET', KEYS[3], 'fold') == '1'
+local max_due = 99999999999999
+for i = 0, n - 1 do
+  local raw = ARGV[3 + i * 11 + 10]
+  local due = tonumber(raw)
+  if not due or due ~= due or due ~= math.floor(due) or due > max_due
+      or (due < 0 and exact - due > max_due) then
+    return redis.error_reply('ERR invalid due time ' .. raw .. ' for job ' .. ARGV[3 + i * 11])
+  end
+end
+-- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
+local fold = (tonumber(redis.call('HGET', KEYS[3], 'fold') or '') or 0) >= now
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local head_due = head[2] and tonumber(head[2]) or nil
 local new_head = false
 local out = {}
 for i = 0, n - 1 do
-  local b = 3 + i * 8
+  local b = 3 + i * 11
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
-  if redis.call('EXISTS', jk) == 1 then
+  if redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0
+      or redis.call('SISMEMBER', KEYS[5], id) == 1 then
     out[i + 1] = 0
   else
-    local due = tonumber(ARGV[b + 7])
+    local due = tonumber(ARGV[b + 10])
     if due < 0 then due = math.ceil(exact - due) end
     redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
       'lane', ARGV[b + 3], 'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[b + 4],
       'stalls', 0, 'max_stalls', ARGV[b + 5], 'backoff', ARGV[b + 6], 'created_ms', now,
       'due_ms', due, 'deferred', 1)
+    if ARGV[b + 7] ~= '' then redis.call('HSET', jk, 'timeout_ms', ARGV[b + 7]) end
+    if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'dedup_ms', ARGV[b + 8]) end
+    if ARGV[b + 9] ~= '' then redis.call('HSET', jk, 'trace', ARGV[b + 9]) end
     redis.call('ZADD', KEYS[1], due, id)
     if fold then redis.call('RPUSH', KEYS[4], id) end
     if head_due == nil or due < head_due then
@@ -54,7 +74,11 @@ for i = 0, n - 1 do
   end
 end
 if new_head then
-  redis.call('LPUSH', KEYS[2], '1')
-  redis.call('LTRIM', KEYS[2], 0, 63)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', head_due, '1')
+  else
+    redis.call('LPUSH', KEYS[2], '1')
+    redis.call('LTRIM', KEYS[2], 0, 63)
+  end
 end
 return out

@@ -12,7 +12,11 @@
     "d" dead at once (an unknown handler, a corrupt payload).
   A settled job's token is set empty (no token matches it again). A finished
   job that was ever deferred is appended to the closed log when the
-  queue folds, so the floor drops its row. Job hashes are built inside.
+  queue folds, so the floor drops its row. A completed or dead job that a
+  result waiter marked ("waited") rings its result doorbell "done:<id>" with
+  "c" or "d", kept a minute (waiters that come later read the job itself); a
+  completed job with dedup_ms reserves its id in "dedup:<id>" that long. Job hashes, doorbells
+  and dedup keys are built inside.
 
   Input:
     KEYS[1] leases     KEYS[2] schedule  KEYS[3] dead    KEYS[4] completed
@@ -32,28 +36,35 @@ local prefix = ARGV[1]
 local keep_count = tonumber(ARGV[2])
 local keep_age = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local fold = redis.call('HGET', KEYS[7], 'fold') == '1'
+-- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
+local fold = (tonumber(redis.call('HGET', KEYS[7], 'fold') or '') or 0) >= now
 local out = {}
 local completed = 0
+local function ring_done(id, outcome)
+  local done = prefix .. 'done:' .. id
+  redis.call('LPUSH', done, outcome)
+  redis.call('PEXPIRE', done, 60000)
+end
 local rang = false
 for i = 0, n - 1 do
   local b = 5 + i * 5
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
-  local f = redis.call('HMGET', jk, 'token', 'attempts', 'max_attempts', 'deferred')
+  local f = redis.call('HMGET', jk, 'token', 'attempts', 'max_attempts', 'deferred', 'waited',
+    'dedup_ms')
   if f[1] ~= ARGV[b + 1] or ARGV[b + 1] == '' then
     out[i + 1] = 0
   else
     redis.call('ZREM', KEYS[1], id)
     local outcome = ARGV[b + 2]
-    if outcome == 'f' and tonumber(f[2] or '0') < tonumber(f[3] or '1') then
-      local due = now + tonumber(ARGV[b + 4])
+    if outcome == 'f' and (tonumber(f[2]) or 0) < (tonumber(f[3]) or 1) then
+      local due = now + math.min(tonumber(ARGV[b + 4]) or 0, 3155760000000)  -- <= 100 years
       redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', due, 'error', ARGV[b + 3],
         'deferred', 1, 'token', '')
       redis.call('ZADD', KEYS[2], due, id)
       if fold then redis.call('RPUSH', KEYS[8], id) end
       local head = redis.call('ZRANGE', KEYS[2], 0, 0)
-      if head[1] == id then rang = true end
+      if head[1] == id then rang = due end
       redis.call('HINCRBY', KEYS[6], 'retried', 1)
       out[i + 1] = 2
     elseif outcome == 'c' then
@@ -66,6 +77,8 @@ for i = 0, n - 1 do
         redis.call('ZADD', KEYS[4], now, id)
       end
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end
+      if f[6] then redis.call('SET', prefix .. 'dedup:' .. id, '1', 'PX', f[6]) end
+      if f[5] then ring_done(id, 'c') end
       out[i + 1] = 1
     else
       redis.call('HSET', jk, 'state', 'dead', 'finished_ms', now, 'error', ARGV[b + 3],
@@ -73,6 +86,7 @@ for i = 0, n - 1 do
       redis.call('ZADD', KEYS[3], now, id)
       redis.call('HINCRBY', KEYS[6], 'dead', 1)
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end
+      if f[5] then ring_done(id, 'd') end
       out[i + 1] = 3
     end
   end
@@ -98,7 +112,11 @@ if completed > 0 then
   end
 end
 if rang then
-  redis.call('LPUSH', KEYS[5], '1')
-  redis.call('LTRIM', KEYS[5], 0, 63)
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', rang, '1')
+  else
+    redis.call('LPUSH', KEYS[5], '1')
+    redis.call('LTRIM', KEYS[5], 0, 63)
+  end
 end
 return out

@@ -8,6 +8,7 @@ import redis
 
 import echomq
 from echomq.keys import Keys
+from echomq.wake import claim_doorbell
 
 
 def test_add_returns_id_and_job_is_waiting(redis_url: str, queue_name: str) -> None:
@@ -17,7 +18,8 @@ def test_add_returns_id_and_job_is_waiting(redis_url: str, queue_name: str) -> N
     assert job is not None
     assert (job.id, job.name, job.payload, job.lane, job.state, job.attempts) == (
         job_id, "send", {"to": "a@b.c"}, "player-42", "waiting", 0)
-    assert q.counts() == {"waiting": 1, "scheduled": 0, "active": 0, "completed": 0, "dead": 0}
+    assert q.counts() == {"waiting": 1, "scheduled": 0, "active": 0, "completed": 0, "dead": 0,
+                          "cancelled": 0}
 
 
 def test_admit_is_idempotent_on_job_id(redis_url: str, queue_name: str, r: redis.Redis) -> None:
@@ -30,18 +32,33 @@ def test_admit_is_idempotent_on_job_id(redis_url: str, queue_name: str, r: redis
     assert q.counts()["waiting"] == 1
     # a delayed re-add of an existing id changes nothing either
     q.add("send", {"v": 3}, job_id="order-7", delay=10)
-    assert q.counts() == {"waiting": 1, "scheduled": 0, "active": 0, "completed": 0, "dead": 0}
+    assert q.counts() == {"waiting": 1, "scheduled": 0, "active": 0, "completed": 0, "dead": 0,
+                          "cancelled": 0}
+
+
+class CountingConnection(redis.Connection):
+    """A real connection that counts the requests it writes (one per round trip)."""
+
+    sent = 0
+
+    def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        CountingConnection.sent += 1
+        super().send_packed_command(command, check_health)  # type: ignore[arg-type]
 
 
 def test_add_many_one_round_trip_and_mixed(redis_url: str, queue_name: str) -> None:
-    q = echomq.Queue(queue_name, redis_url=redis_url)
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
+    q = echomq.Queue(queue_name, redis=redis.Redis(connection_pool=pool))
+    q.add("warm", None, delay=60)  # loads the scripts and reads the queue's durability dial
+    CountingConnection.sent = 0
     ids = q.add_many([("a", {"n": i}) for i in range(1200)]
                      + [("b", {"n": 1}, {"delay": 60, "lane": "x"}),
                         {"name": "c", "payload": [1, 2], "job_id": "fixed-c"}])
+    assert CountingConnection.sent == 1, "add_many took more than one round trip"
     assert len(ids) == 1202 and len(set(ids)) == 1202
     assert ids[-1] == "fixed-c"
     assert q.counts()["waiting"] == 1201
-    assert q.counts()["scheduled"] == 1
+    assert q.counts()["scheduled"] == 2  # with the warm-up job
 
 
 def test_every_admit_rings_and_wake_is_capped(redis_url: str, queue_name: str,
@@ -59,16 +76,20 @@ def test_every_admit_rings_and_wake_is_capped(redis_url: str, queue_name: str,
 
 
 def test_delayed_admit_rings_only_for_a_new_head(redis_url: str, queue_name: str,
-                                                r: redis.Redis) -> None:
+                                                r: redis.Redis, doorbell: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
-    wake = Keys(queue_name).wake
+    claim_doorbell(r, q.keys, doorbell)
+    bell = q.keys.wake if doorbell == "list" else q.keys.marker
+    r.delete(bell)
     q.add("x", delay=60)
-    assert r.llen(wake) == 1
-    r.delete(wake)
+    assert r.exists(bell) == 1
+    r.delete(bell)
     q.add("x", delay=120)  # later than the head: nobody needs to recompute a wait
-    assert r.llen(wake) == 0
-    q.add("x", delay=30)  # a new head
-    assert r.llen(wake) == 1
+    assert r.exists(bell) == 0
+    head = q.add("x", delay=30)  # a new head
+    assert r.exists(bell) == 1
+    if doorbell == "marker":  # the marker carries the new head's due time
+        assert r.zscore(bell, "1") == q.get(head).due_ms  # type: ignore[union-attr]
 
 
 def test_run_at_uses_absolute_time(redis_url: str, queue_name: str) -> None:

@@ -9,7 +9,7 @@ import redis
 
 import echomq
 from echomq.keys import Keys
-from echomq.wake import Doorbell
+from echomq.wake import Doorbell, ring
 
 
 class Recorder:
@@ -41,10 +41,11 @@ def _parked(r: redis.Redis, count: int = 1, timeout: float = 5.0) -> None:
 
 
 def test_parked_consumer_picks_up_within_50ms(redis_url: str, queue_name: str,
-                                              r: redis.Redis) -> None:
+                                              r: redis.Redis, doorbell: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     rec = Recorder()
-    consumer = echomq.Consumer(queue_name, rec, redis_url=redis_url, beat_ms=5000)
+    consumer = echomq.Consumer(queue_name, rec, redis_url=redis_url, beat_ms=5000,
+                               doorbell=doorbell)
     thread = _start(consumer)
     try:
         latencies = []
@@ -63,10 +64,11 @@ def test_parked_consumer_picks_up_within_50ms(redis_url: str, queue_name: str,
 
 
 def test_delayed_job_starts_within_50ms_of_due(redis_url: str, queue_name: str,
-                                               r: redis.Redis) -> None:
+                                               r: redis.Redis, doorbell: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     rec = Recorder()
-    consumer = echomq.Consumer(queue_name, rec, redis_url=redis_url, beat_ms=5000)
+    consumer = echomq.Consumer(queue_name, rec, redis_url=redis_url, beat_ms=5000,
+                               doorbell=doorbell)
     thread = _start(consumer)
     try:
         _parked(r)
@@ -84,40 +86,50 @@ def test_delayed_job_starts_within_50ms_of_due(redis_url: str, queue_name: str,
 
 
 def test_stop_ends_a_parked_loop_without_stealing_a_wake(redis_url: str, queue_name: str,
-                                                         r: redis.Redis) -> None:
-    consumer = echomq.Consumer(queue_name, lambda job: None, redis_url=redis_url, beat_ms=30_000)
+                                                         r: redis.Redis, doorbell: str) -> None:
+    consumer = echomq.Consumer(queue_name, lambda job: None, redis_url=redis_url, beat_ms=30_000,
+                               doorbell=doorbell)
     thread = _start(consumer)
     _parked(r)
     t0 = time.monotonic()
     consumer.stop()
     thread.join(5)
     assert not thread.is_alive() and time.monotonic() - t0 < 1.0
-    assert r.llen(Keys(queue_name).wake) == 0
+    assert _rings(r, Keys(queue_name), doorbell) == []
+
+
+def _rings(r: redis.Redis, keys: Keys, doorbell: str) -> list[object]:
+    """What waits on the doorbell: list tokens, or marker members with their scores."""
+    if doorbell == "marker":
+        return list(r.zrange(keys.marker, 0, -1, withscores=True))
+    return list(r.lrange(keys.wake, 0, -1))
 
 
 def test_cancel_hands_back_a_token_taken_in_the_same_instant(redis_url: str, queue_name: str,
-                                                             r: redis.Redis) -> None:
-    wake = Keys(queue_name).wake
-    bell = Doorbell(r, wake, beat_s=30)
+                                                             r: redis.Redis, doorbell: str) -> None:
+    keys = Keys(queue_name)
+    bell = Doorbell(r, keys, beat_s=30, kind=doorbell)
     bell.arm()
     _parked(r)
-    r.lpush(wake, "1")  # the parked BLPOP takes it; its reply sits unread
+    ring(r, keys, doorbell)  # the parked pop takes it; its reply sits unread
+    assert _rings(r, keys, doorbell) == []  # served to the blocked pop at once
     bell.cancel()
-    assert r.lrange(wake, 0, -1) == [b"1"]  # handed back for the next waiter
-    r.delete(wake)
+    handed_back = [(b"0", 0.0)] if doorbell == "marker" else [b"1"]
+    assert _rings(r, keys, doorbell) == handed_back  # for the next waiter
+    r.delete(keys.wake, keys.marker)
     bell.arm()
     _parked(r)
     bell.cancel()  # nothing was taken: nothing is added
-    assert r.llen(wake) == 0
+    assert _rings(r, keys, doorbell) == []
     bell.close()
 
 
 def test_one_ring_wakes_one_of_two_parked_consumers(redis_url: str, queue_name: str,
-                                                    r: redis.Redis) -> None:
+                                                    r: redis.Redis, doorbell: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     recs = [Recorder(), Recorder()]
-    consumers = [echomq.Consumer(queue_name, rec, redis_url=redis_url, beat_ms=30_000)
-                 for rec in recs]
+    consumers = [echomq.Consumer(queue_name, rec, redis_url=redis_url, beat_ms=30_000,
+                                 doorbell=doorbell) for rec in recs]
     threads = [_start(c) for c in consumers]
     try:
         _parked(r, 2)
@@ -132,7 +144,7 @@ def test_one_ring_wakes_one_of_two_parked_consumers(redis_url: str, queue_name: 
 
 
 def test_a_burst_admitted_with_one_ring_is_shared_by_parked_consumers(
-        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+        redis_url: str, queue_name: str, r: redis.Redis, doorbell: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     counts = [0, 0]
     done = threading.Event()
@@ -146,8 +158,8 @@ def test_a_burst_admitted_with_one_ring_is_shared_by_parked_consumers(
                 done.set()
         return run
 
-    consumers = [echomq.Consumer(queue_name, handler(n), redis_url=redis_url, beat_ms=30_000)
-                 for n in (0, 1)]
+    consumers = [echomq.Consumer(queue_name, handler(n), redis_url=redis_url, beat_ms=30_000,
+                                 doorbell=doorbell) for n in (0, 1)]
     threads = [_start(c) for c in consumers]
     try:
         _parked(r, 2)

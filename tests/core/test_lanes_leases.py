@@ -245,3 +245,13 @@ def test_tokens_of_one_batch_are_distinct_and_fresh(redis_url: str, queue_name: 
     lanes = _lanes(q)
     tokens = [c.token for _ in range(3) for c in lanes.claim(16)]
     assert len(tokens) == 40 and len(set(tokens)) == 40
+
+
+def test_released_jobs_go_back_to_the_lane_head_in_their_order(
+        redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add_many([("x", i) for i in range(6)])
+    lanes = _lanes(q)
+    batch = lanes.claim(4)
+    assert lanes.release([(c.id, c.token) for c in batch], "unstarted") == (4, 0)
+    assert [c.payload_text for c in lanes.claim(6)] == ["0", "1", "2", "3", "4", "5"]

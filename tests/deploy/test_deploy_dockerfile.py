@@ -103,17 +103,50 @@ def supervisor_container() -> dict[str, object]:
     return container
 
 
-def test_multi_stage_on_python_311_slim(stages: list[Stage]) -> None:
+def test_multi_stage_on_python_311_slim_pinned_by_digest(stages: list[Stage]) -> None:
     assert len(stages) >= 2
     for stage in stages:
-        assert stage.image == "python:3.11-slim", stage.image
+        name, _, digest = stage.image.partition("@")
+        assert name == "python:3.11-slim", stage.image
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"not pinned by digest: {stage.image}"
 
 
 def test_build_stage_makes_wheels_with_the_supervisor_and_postgres_extras(
-    stages: list[Stage],
-) -> None:
+        stages: list[Stage]) -> None:
     runs = " ".join(rest for stage in stages[:-1] for rest in stage.args("RUN"))
     assert re.search(r"pip wheel\b.*\.\[supervisor,postgres\]", runs), runs
+
+
+def test_dependencies_are_built_before_the_source_is_copied(stages: list[Stage]) -> None:
+    """A source edit must not rebuild every dependency wheel: the layer that builds them
+    sees pyproject.toml alone."""
+    build = stages[0]
+    copies = [(i, rest) for i, (name, rest) in enumerate(build.instructions) if name == "COPY"]
+    (whole_tree,) = [i for i, rest in copies if rest.split()[:-1] == ["."]]
+    first = [i for i, rest in copies if i < whole_tree]
+    assert first and all(build.instructions[i][1].split()[:-1] == ["pyproject.toml"]
+                         for i in first)
+    deps = [i for i, (name, rest) in enumerate(build.instructions)
+            if name == "RUN" and "pip wheel" in rest and "-r " in rest]
+    assert deps and deps[0] < whole_tree
+    after = [rest for i, (name, rest) in enumerate(build.instructions)
+             if name == "RUN" and i > whole_tree and "pip wheel" in rest]
+    assert after and all("--no-deps" in rest for rest in after), after
+
+
+def test_dependency_list_covers_the_installed_extras(stages: list[Stage]) -> None:
+    """The requirement list the Dockerfile derives from pyproject.toml, run here."""
+    import subprocess
+    import sys
+
+    (command,) = [rest for name, rest in stages[0].instructions
+                  if name == "RUN" and "tomllib" in rest]
+    script = shlex.split(command.split(">")[0])[2]
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout.split()
+    names = {re.split(r"[\[<>=]", line)[0].lower() for line in out}
+    assert {"redis", "sqlalchemy", "alembic", "psutil", "psycopg"} <= names
+    assert "echomq" not in names
 
 
 def test_runtime_installs_the_wheels_offline(final: Stage) -> None:
@@ -236,16 +269,17 @@ def _wheel_inputs() -> list[str]:
         needed.append(readme)
     package_dir = project["tool"]["setuptools"].get("package-dir", {})
 
-    def folder(package: str) -> str:
-        """The source folder of a package, following package-dir (longest prefix wins)."""
+    def source(package: str) -> str:
+        # the longest mapped prefix (echomq.supervisor -> supervisor), else the dotted path
         for prefix in sorted(package_dir, key=len, reverse=True):
             if package == prefix or package.startswith(prefix + "."):
-                return package_dir[prefix] + package[len(prefix):].replace(".", "/")
+                rest = package[len(prefix):].lstrip(".").replace(".", "/")
+                return "/".join(part for part in (package_dir[prefix], rest) if part)
         return package.replace(".", "/")
 
     for package in project["tool"]["setuptools"]["packages"]:
-        directory = REPO / folder(package)
-        needed.append(f"{folder(package)}/__init__.py")
+        directory = REPO / source(package)
+        needed.append(f"{source(package)}/__init__.py")
         if directory.is_dir():
             needed += [
                 str(path.relative_to(REPO))
@@ -254,7 +288,7 @@ def _wheel_inputs() -> list[str]:
             ]
     for package, globs in project["tool"]["setuptools"].get("package-data", {}).items():
         for pattern in globs:
-            needed.append(f"{folder(package)}/{pattern.replace('*', 'x')}")
+            needed.append(f"{source(package)}/{pattern.replace('*', 'x')}")
     return needed
 
 

@@ -39,8 +39,8 @@ def check_promise(report: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_drill_on_sqlite(scenario: str) -> None:
-    report = run_scenario(scenario, JOBS, PROCESSES)
+def test_drill_on_sqlite(scenario: str, doorbell: str) -> None:
+    report = run_scenario(scenario, JOBS, PROCESSES, doorbell=doorbell)
     check_promise(report)
     if scenario == "kill-consumer":
         assert report["consumers_killed"] >= 5, table([report])
@@ -49,8 +49,8 @@ def test_drill_on_sqlite(scenario: str) -> None:
 
 
 @pytest.mark.parametrize("scenario", ["kill-consumer", "floor-outage", "rolling-restart"])
-def test_drill_on_postgresql(scenario: str, pg_floor_url: str) -> None:
-    report = run_scenario(scenario, JOBS, PROCESSES, floor_url=pg_floor_url)
+def test_drill_on_postgresql(scenario: str, pg_floor_url: str, doorbell: str) -> None:
+    report = run_scenario(scenario, JOBS, PROCESSES, floor_url=pg_floor_url, doorbell=doorbell)
     assert report["floor"] == "postgresql"
     check_promise(report)
     if scenario == "floor-outage":

@@ -47,9 +47,14 @@ def test_up_down_up(empty_floor: Floor) -> None:
     assert _tables(empty_floor) >= TABLES
 
 
-def test_upgrade_at_head_is_a_no_op(floor: Floor) -> None:
+def test_upgrade_at_head_is_a_no_op_and_keeps_rows(floor: Floor) -> None:
+    from echomq.floor import FloorRow
+
+    floor.upsert("q", [FloorRow("kept", 123, {"name": "x"})], fence=1)
     floor.upgrade()
     assert floor.current_revision() == floor.head_revision()
+    rows = {row.job_id: row for row in floor.open_rows("q", None, 10)}
+    assert rows["kept"].due_ms == 123 and rows["kept"].fields == {"name": "x"}
 
 
 def test_check_at_head(empty_floor: Floor) -> None:

@@ -94,7 +94,13 @@ def test_stale_fence_changes_nothing(floor: Floor) -> None:
 
 def test_fences_are_per_queue(floor: Floor) -> None:
     floor.upsert("one", [FloorRow("a", 1, {})], fence=10)
-    floor.upsert("two", [FloorRow("a", 1, {})], fence=1)
+    # queue "two" has its own fence: a low one still writes there ...
+    floor.upsert("two", [FloorRow("a", 1, {"q": "2"})], fence=1)
+    assert _all(floor, "two")["a"].fields == {"q": "2"}
+    # ... and does not lower queue "one"'s fence
+    with pytest.raises(StaleFence):
+        floor.upsert("one", [FloorRow("b", 1, {})], fence=9)
+    assert sorted(_all(floor, "one")) == ["a"]
 
 
 def test_restore_due_in_order_only_spilled(floor: Floor) -> None:

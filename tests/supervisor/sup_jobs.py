@@ -24,7 +24,9 @@ def _ledger() -> redis.Redis:
 
 
 def record(job) -> str:  # type: ignore[no-untyped-def]
-    """Payload options: sleep (s), exit (code, via os._exit), stamp (push start time)."""
+    """Payload options: sleep (s), exit (code, via os._exit), exit_first (the same on attempt
+    1 only), stamp (push start time), gate (wait until the test pushes onto
+    ``ledger:<queue>:gate``, at most 30 s)."""
     r = _ledger()
     p = job.payload if isinstance(job.payload, dict) else {}
     r.rpush(f"ledger:{job.queue}:started", f"{job.id}:{os.getpid()}:{job.attempts}")
@@ -34,7 +36,40 @@ def record(job) -> str:  # type: ignore[no-untyped-def]
         raise RuntimeError("first attempt fails")
     if "exit" in p:
         os._exit(int(p["exit"]))
+    if p.get("gate"):
+        r.blpop([f"ledger:{job.queue}:gate"], 30)
+    if "exit_first" in p and job.attempts == 1:
+        os._exit(int(p["exit_first"]))
     if p.get("sleep"):
         time.sleep(float(p["sleep"]))  # simulated work inside the job
     r.rpush(f"ledger:{job.queue}:done", job.id)
+    return "ok"
+
+
+_aclient: object = None
+_apid = 0
+
+
+async def record_async(job) -> str:  # type: ignore[no-untyped-def]
+    """The async twin of :func:`record`: sleep and gate wait without blocking the loop;
+    ``block`` (s) blocks the loop with ``time.sleep``, as a faulty handler would."""
+    import asyncio
+
+    import redis.asyncio
+
+    global _aclient, _apid
+    if _aclient is None or _apid != os.getpid():
+        _aclient = redis.asyncio.Redis.from_url(os.environ["ECHOMQ_TEST_LEDGER_URL"])
+        _apid = os.getpid()
+    r = _aclient
+    p = job.payload if isinstance(job.payload, dict) else {}
+    await r.rpush(f"ledger:{job.queue}:started",  # type: ignore[attr-defined]
+                  f"{job.id}:{os.getpid()}:{job.attempts}")
+    if p.get("gate"):
+        await r.blpop([f"ledger:{job.queue}:gate"], 30)  # type: ignore[attr-defined]
+    if p.get("sleep"):
+        await asyncio.sleep(float(p["sleep"]))
+    if p.get("block"):
+        time.sleep(float(p["block"]))  # a handler that wrongly blocks its event loop
+    await r.rpush(f"ledger:{job.queue}:done", job.id)  # type: ignore[attr-defined]
     return "ok"

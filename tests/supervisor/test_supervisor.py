@@ -40,7 +40,7 @@ def test_5000_jobs_across_50_lanes_complete_exactly_once(
     ran = _ran(r, queue_name)
     assert set(ran) == set(ids) and set(ran.values()) == {1}
     assert q.counts() == {"waiting": 0, "scheduled": 0, "active": 0, "completed": 5000,
-                          "dead": 0}
+                          "dead": 0, "cancelled": 0}
 
 
 def test_sigkill_a_child_mid_job_requeues_and_respawns(
@@ -109,7 +109,7 @@ def test_drain_timeout_kills_and_requeues(
     assert sup.wait(10) == 0
     assert time.monotonic() - t0 < 5
     job = q.get(job_id)
-    assert job is not None and job.state == "waiting" and job.stalls == 0
+    assert job is not None and job.state == "waiting" and job.stalls == 1  # a drain kill
 
 
 def test_a_job_longer_than_its_lease_is_not_reaped(
@@ -125,11 +125,19 @@ def test_a_job_longer_than_its_lease_is_not_reaped(
 
 
 def test_idle_supervisor_stays_within_the_beat_budget(supervisor: Start, queue_name: str,
-                                                      private_redis: LocalRedis) -> None:
+                                                      private_redis: LocalRedis,
+                                                      doorbell: str) -> None:
     url = private_redis.url
     r = redis.Redis.from_url(url)
-    supervisor(url, queue_name, "--processes", "8", "--beat-ms", "1000").started(8)
+    port = free_port()
+    supervisor(url, queue_name, "--processes", "8", "--beat-ms", "1000",
+               "--doorbell", doorbell, "--health-port", str(port)).started(8)
     wait_until(lambda: int(r.info("clients")["blocked_clients"]) == 1, 10, "the metronome")
+    wait_until(lambda: _ready_children(port, queue_name) == 8, 20, "every consumer's READY")
+    # each consumer's first claim (one LMOVE on the empty ring) is start-up, not idle cost
+    wait_until(lambda: int(r.info("commandstats").get("cmdstat_lmove", {}).get("calls", 0)) >= 8,
+               10, "every consumer's first claim")
+    threading_event_wait(0.3)  # let the startup pokes settle before counting
     r.config_resetstat()
     t0 = time.monotonic()
     threading_event_wait(5.0)
@@ -139,18 +147,31 @@ def test_idle_supervisor_stays_within_the_beat_budget(supervisor: Start, queue_n
     calls.pop("cmdstat_config", None)
     calls.pop("cmdstat_info", None)
     beats = elapsed + 1
-    # one BLPOP per beat, whatever the number of consumers; reap and promote only when a
-    # lease or schedule head can be due (here nothing is), or as a rare safety pass
-    assert calls.get("cmdstat_blpop", 0) <= beats, calls
+    # one BLPOP (BZPOPMIN) per beat, whatever the number of consumers; reap and promote only
+    # when a lease or schedule head can be due (here nothing is), or as a rare safety pass
+    parks = "cmdstat_blpop" if doorbell == "list" else "cmdstat_bzpopmin"
+    assert 1 <= calls.get(parks, 0) <= beats, calls
     assert sum(calls.values()) <= beats + 8, calls
     r.close()
 
 
+def _ready_children(port: int, queue: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # 503 until ready
+        body = json.loads(exc.read())
+    except OSError:
+        return 0  # not listening yet
+    return int(body.get("queues", {}).get(queue, {}).get("children", 0))
+
+
 def test_one_job_on_an_idle_queue_wakes_one_consumer(supervisor: Start, queue_name: str,
-                                                     private_redis: LocalRedis) -> None:
+                                                     private_redis: LocalRedis,
+                                                     doorbell: str) -> None:
     url = private_redis.url
     r = redis.Redis.from_url(url)
-    supervisor(url, queue_name, "--processes", "4").started(4)
+    supervisor(url, queue_name, "--processes", "4", "--doorbell", doorbell).started(4)
     q = echomq.Queue(queue_name, redis=r)
     wait_until(lambda: int(r.info("clients")["blocked_clients"]) == 1, 10, "the metronome")
     threading_event_wait(0.3)  # let the startup pokes settle before counting
@@ -170,9 +191,9 @@ def threading_event_wait(seconds: float) -> None:
 
 
 def test_pickup_latency_on_an_idle_queue(supervisor: Start, redis_url: str, queue_name: str,
-                                         r: redis.Redis) -> None:
+                                         r: redis.Redis, doorbell: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
-    supervisor(redis_url, queue_name, "--processes", "2").started(2)
+    supervisor(redis_url, queue_name, "--processes", "2", "--doorbell", doorbell).started(2)
     wait_until(lambda: q.counts()["waiting"] == 0, 5, "startup")
     stamps = f"ledger:{queue_name}:stamps"
     latencies = []
@@ -371,3 +392,48 @@ def test_a_floor_outage_shows_in_readyz_and_metrics(
         lock.rollback()
         lock.close()
     wait_until(lambda: readyz()["queues"][queue_name]["floor"] == "ok", 15, "floor back")
+
+
+def test_start_refuses_a_queue_whose_consumers_park_on_the_other_doorbell(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    import subprocess
+
+    from echomq.keys import Keys
+
+    r.hset(Keys(queue_name).meta, "doorbell", "list")
+    done = subprocess.run([*CLI, "start", "--redis-url", redis_url, "--queue", queue_name,
+                           "--handler", "sup_jobs:record", "--doorbell", "marker"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30,
+                          env={"PYTHONPATH": f"{ROOT}/tests/supervisor:{ROOT}",
+                               "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2, done.stderr
+    assert "park on the 'list' doorbell" in done.stderr and "--switch-doorbell" in done.stderr
+    assert r.hget(Keys(queue_name).meta, "doorbell") == b"list"
+    # the explicit switch: recorded, and the queue runs on the marker
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", {})
+    supervisor(redis_url, queue_name, "--processes", "1", "--doorbell", "marker",
+               "--switch-doorbell").started(1)
+    wait_until(lambda: _ran(r, queue_name)[job_id] == 1, 10, "the job admitted before")
+    assert r.hget(Keys(queue_name).meta, "doorbell") == b"marker"
+    wait_until(lambda: int(r.info("clients")["blocked_clients"]) >= 1, 10, "the metronome")
+    later = q.add("x", {})
+    wait_until(lambda: _ran(r, queue_name)[later] == 1, 10, "a job rung on the marker")
+
+
+def test_delayed_jobs_start_on_the_metronome_timer_not_the_beat(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis,
+        doorbell: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    # a long beat: a delayed job that waited for the safety pump would start seconds late
+    supervisor(redis_url, queue_name, "--processes", "1", "--beat-ms", "5000",
+               "--doorbell", doorbell).started(1)
+    wait_until(lambda: int(r.info("clients")["blocked_clients"]) >= 1, 10, "the metronome")
+    stamps = f"ledger:{queue_name}:stamps"
+    lateness = []
+    for delay in (0.3, 0.6):
+        due = time.time() + delay
+        q.add("x", {"stamp": True}, delay=delay)
+        _, started = r.blpop([stamps], 10)
+        lateness.append(float(started) - due)
+    assert all(-0.01 < late < 1.0 for late in lateness), lateness

@@ -1,0 +1,34 @@
+--[[
+  bury: set aside jobs that cannot run as they are (a malformed due time in the
+  hash, a floor row that does not parse): dead at once, with the reason.
+
+  The job leaves the schedule set and the spilled set. A job whose hash is gone
+  (it lived on the floor alone) gets a small hash holding its id, the state and
+  the reason (name "(unknown)", lane "default"), so it shows among the dead. Job hashes are built inside.
+
+  Input:
+    KEYS[1] schedule  KEYS[2] dead  KEYS[3] stats  KEYS[4] spilled
+    ARGV[1] key prefix "emq:{q}:"
+    ARGV[2..] pairs: id, reason
+
+  Output:
+    the number of jobs buried
+]]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local buried = 0
+for i = 2, #ARGV, 2 do
+  local id = ARGV[i]
+  local jk = ARGV[1] .. 'job:' .. id
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('SREM', KEYS[4], id)
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('HSET', jk, 'id', id, 'state', 'dead', 'finished_ms', now, 'error', ARGV[i + 1],
+    'token', '')
+  redis.call('HSETNX', jk, 'name', '(unknown)')
+  redis.call('HSETNX', jk, 'lane', 'default')
+  redis.call('ZADD', KEYS[2], now, id)
+  buried = buried + 1
+end
+if buried > 0 then redis.call('HINCRBY', KEYS[3], 'dead', buried) end
+return buried

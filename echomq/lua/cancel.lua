@@ -1,0 +1,55 @@
+--[[
+  cancel: withdraw a job that has not started.
+
+  A waiting job leaves its lane (LREM: linear in that lane's length; a lane
+  left empty leaves the ring); a scheduled job leaves the schedule. Either
+  becomes state "cancelled", kept in the cancelled zset by cancel time until
+  purged. A job that was ever deferred is appended to the closed log when
+  the queue folds, so the scheduler drops its floor row. Active, finished and
+  unknown jobs are left alone. A result waiter (the job's "waited" mark) is woken
+  through the job's doorbell "done:<id>". The job hash, lane list and that
+  doorbell are built inside.
+
+  Input:
+    KEYS[1] schedule   zset of deferred job ids by due time (ms)
+    KEYS[2] ring       list of lanes with waiting jobs
+    KEYS[3] cancelled  zset of cancelled job ids by cancel time (ms)
+    KEYS[4] meta       queue settings hash (field "fold": the scheduler's lease expiry, ms)
+    KEYS[5] closed     list of ids whose floor rows to close
+    KEYS[6] stats      counters (field "waiting": ids on the lanes)
+    ARGV[1] key prefix "emq:{q}:"
+    ARGV[2] job id
+
+  Output:
+    1 cancelled, 0 no such job, 2 refused: active, 3 refused: already finished
+]]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local prefix = ARGV[1]
+local id = ARGV[2]
+local jk = prefix .. 'job:' .. id
+local f = redis.call('HMGET', jk, 'state', 'lane', 'deferred', 'waited')
+local state = f[1]
+if not state then return 0 end
+if state == 'active' then return 2 end
+if state == 'waiting' then
+  local lk = prefix .. 'lane:' .. f[2]
+  redis.call('LREM', lk, 1, id)
+  if redis.call('LLEN', lk) == 0 then redis.call('LREM', KEYS[2], 0, f[2]) end
+  redis.call('HINCRBY', KEYS[6], 'waiting', -1)
+elseif state == 'scheduled' then
+  redis.call('ZREM', KEYS[1], id)
+else
+  return 3
+end
+redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', now, 'token', '')
+redis.call('ZADD', KEYS[3], now, id)
+if f[3] == '1' and (tonumber(redis.call('HGET', KEYS[4], 'fold') or '') or 0) >= now then
+  redis.call('RPUSH', KEYS[5], id)
+end
+if f[4] then
+  local done = prefix .. 'done:' .. id
+  redis.call('LPUSH', done, 'x')
+  redis.call('PEXPIRE', done, 60000)
+end
+return 1

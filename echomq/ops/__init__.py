@@ -1,0 +1,1 @@
+"""Operating queues: the ``echomq`` command and the dashboard, both clients of ``Queue``."""

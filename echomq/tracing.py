@@ -1,0 +1,48 @@
+"""Optional OpenTelemetry: the producer's trace context travels in the job, the consumer
+runs the handler in a span linked to it. Without ``opentelemetry-api`` installed (extra
+``echomq[otel]``) every function here is a cheap no-op.
+
+The context is stored as a W3C ``traceparent`` string in the job's ``trace`` field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    from opentelemetry import trace as _trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:  # optional: tracing is off
+    _trace = None  # type: ignore[assignment]
+
+_PROPAGATOR: Any = TraceContextTextMapPropagator() if _trace is not None else None
+
+
+def current_traceparent() -> str:
+    """The active span's context as a ``traceparent`` header value, or "" when none."""
+    if _trace is None or not _trace.get_current_span().get_span_context().is_valid:
+        return ""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+@contextlib.contextmanager
+def handler_span(queue: str, job_name: str, job_id: str, traceparent: str) -> Iterator[None]:
+    """Run the body in a CONSUMER span linked to the producer's context (when there is one
+    and OpenTelemetry is installed)."""
+    if _trace is None or not traceparent:
+        yield
+        return
+    remote = _trace.get_current_span(
+        _PROPAGATOR.extract({"traceparent": traceparent})).get_span_context()
+    links = [_trace.Link(remote)] if remote.is_valid else []
+    tracer = _trace.get_tracer("echomq")
+    with tracer.start_as_current_span(
+            f"{queue} process", kind=_trace.SpanKind.CONSUMER, links=links,
+            attributes={"messaging.system": "echomq", "messaging.destination.name": queue,
+                        "messaging.operation.type": "process", "messaging.message.id": job_id,
+                        "echomq.job.name": job_name}):
+        yield

@@ -1,0 +1,165 @@
+"""The dashboard in a real headless Chromium (Debian's ``chromium``), driven by Playwright.
+
+Playwright rather than raw DevTools: it reports console messages and page errors as events,
+waits for selectors and navigations with deadlines, and clicks like a user; the pip package
+brings its own driver and is pointed at the system Chromium (``executable_path``), so no
+browser is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from echomq.supervisor.localredis import free_port
+
+import echomq
+
+from .conftest import CONSOLE_SCRIPT, make_dead
+
+CHROMIUM = os.environ.get("ECHOMQ_CHROMIUM", "/usr/bin/chromium")
+
+
+def _need(what: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is missing (CI installs it: apt-get install chromium; "
+                    "pip install playwright)")
+    pytest.skip(f"{what} is missing")
+
+
+class DashboardProcess:
+    def __init__(self, redis_url: str, *flags: str) -> None:
+        self.port = free_port()
+        cmd = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [
+            sys.executable, "-m", "echomq.ops.cli"]
+        self.proc = subprocess.Popen(
+            [*cmd, "--redis-url", redis_url, "dashboard", "--port", str(self.port), *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdin=subprocess.DEVNULL)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # blocks until the server is listening (or died)
+        assert "echomq dashboard on http://127.0.0.1:" in line, line + self.proc.stdout.read()
+        self.url = f"http://127.0.0.1:{self.port}/"
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(15)
+
+
+@pytest.fixture
+def dashboard(redis_url: str) -> Iterator[Any]:
+    started: list[DashboardProcess] = []
+
+    def start(*flags: str) -> DashboardProcess:
+        started.append(DashboardProcess(redis_url, *flags))
+        return started[-1]
+
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            d.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _need("playwright")
+    if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
+        _need(f"chromium ({CHROMIUM})")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                               args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+            if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.goto(url, wait_until="load")
+    return page, problems
+
+
+def test_page_shows_counts_and_retry_moves_a_dead_job(browser: Any, dashboard: Any,
+                                                      redis_url: str, queue_name: str,
+                                                      tmp_path: Path) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    dead = make_dead(q, 2, "ValueError: mailbox full")
+    q.add_many([("send", {"i": i}, {"lane": f"user-{i % 2}"}) for i in range(3)])
+    q.add("later", None, delay=3600)
+    d = dashboard("--allow-actions")
+    page, problems = _open(browser, d.url + "?" + urllib.parse.urlencode({"queue": queue_name}))
+    row = page.locator(f'#queues tr[data-queue="{queue_name}"]')
+    counts = {c: row.locator(f'td[data-count="{c}"]').inner_text()
+              for c in ("waiting", "scheduled", "dead")}
+    assert counts == {"waiting": "3", "scheduled": "1", "dead": "2"}
+    assert page.locator("#pause-state").inner_text() == "running"
+    assert "mailbox full" in page.locator(f'#dead tr[data-job="{dead[0]}"]').inner_text()
+    assert page.locator("#lanes").inner_text().count("user-") == 2
+    shot = Path(os.environ.get("ECHOMQ_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png")
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    page.locator(f'#dead tr[data-job="{dead[0]}"] button[data-action="retry"]').click()
+    page.wait_for_url(re.compile(r".*notice=retried.*"))
+    assert q.get(dead[0]).state == "waiting"  # type: ignore[union-attr]
+    row = page.locator(f'#queues tr[data-queue="{queue_name}"]')
+    assert row.locator('td[data-count="dead"]').inner_text() == "1"
+    assert row.locator('td[data-count="waiting"]').inner_text() == "4"
+
+    page.goto(d.url + "?" + urllib.parse.urlencode({"queue": queue_name, "job": dead[1]}))
+    assert "mailbox full" in page.locator("#job").inner_text()
+    page.locator('#queues button[data-action="pause"]').first.wait_for()
+    row.locator('button[data-action="pause"]').click()
+    page.wait_for_url(re.compile(r".*notice=paused.*"))
+    assert q.is_paused() and page.locator("#pause-state").inner_text() == "paused"
+    assert problems == []
+    assert d.stop() == 0
+
+
+def test_read_only_page_has_no_buttons_and_refuses_posts(browser: Any, dashboard: Any,
+                                                         redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    [dead] = make_dead(q, 1)
+    d = dashboard()
+    page, problems = _open(browser, d.url + "?" + urllib.parse.urlencode({"queue": queue_name}))
+    assert page.locator(f'#dead tr[data-job="{dead}"]').count() == 1
+    assert page.locator("button[data-action]").count() == 0
+    assert page.locator('form[method="post"]').count() == 0
+    page.fill('#lookup input[name="job"]', dead)  # looking a job up is not an action
+    page.locator("#lookup button").click()
+    page.wait_for_url(re.compile(f".*job={dead}.*"))
+    assert page.locator("#job").get_attribute("data-job") == dead
+    assert "read-only" in page.locator("header").inner_text()
+    assert problems == []
+    body = urllib.parse.urlencode({"action": "retry", "queue": queue_name, "job": dead}).encode()
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(urllib.request.Request(d.url + "action", data=body), timeout=10)
+    assert err.value.code == 403
+    assert q.get(dead).state == "dead"  # type: ignore[union-attr]
+
+
+def test_actions_need_the_form_token(dashboard: Any, redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    [dead] = make_dead(q, 1)
+    d = dashboard("--allow-actions")
+    body = urllib.parse.urlencode({"action": "retry", "queue": queue_name, "job": dead,
+                                   "token": "guessed"}).encode()
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(urllib.request.Request(d.url + "action", data=body), timeout=10)
+    assert err.value.code == 403 and q.get(dead).state == "dead"  # type: ignore[union-attr]

@@ -1,0 +1,156 @@
+"""A known secret string, given as the Valkey and floor passwords through flags and
+environment variables, never reaches an output surface: log lines (plain and JSON),
+exceptions with their whole chained traceback, /readyz, /metrics, drill reports.
+
+Redis URLs carrying ``?password=`` are not covered here (redact_url's handling of it
+is another change); URLs with ``user:password@`` and env-provided URLs are."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import sqlalchemy as sa
+from echomq.supervisor.localredis import LocalRedis, free_port
+
+import echomq
+from echomq.errors import EchoMQError
+from echomq.floor import Floor
+
+from .conftest import ROOT, Proc, wait_until
+
+SECRET = "s3cret-Sentinel-Value-91"
+FLOOR_SECRET = "fl00r-Sentinel-Value-27"
+
+
+def _body(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.read().decode()
+
+
+def _clean(text: str, where: str) -> None:
+    for secret in (SECRET, FLOOR_SECRET):
+        assert secret not in text, f"a password reached {where}:\n{text}"
+
+
+@pytest.fixture
+def protected() -> Iterator[LocalRedis]:
+    """A server whose user "worker" has the password SECRET."""
+    server = LocalRedis().start()
+    redis.Redis(port=server.port).execute_command(
+        "ACL", "SETUSER", "worker", "on", f">{SECRET}", "~*", "&*", "+@all")
+    yield server
+    server.stop()
+
+
+def _pg_url(throwaway_database: Callable[[str], str]) -> str:
+    """A real floor whose URL carries FLOOR_SECRET (the test server trusts local users, so
+    the password is carried everywhere but checked nowhere)."""
+    url = sa.make_url(throwaway_database("emq_secret"))
+    return url.set(password=FLOOR_SECRET).render_as_string(hide_password=False)
+
+
+@pytest.mark.parametrize("log_json", ["false", "true"])
+def test_supervisor_logs_and_health_pages_hold_no_password(
+        protected: LocalRedis, queue_name: str, run_supervisor: Callable[..., Proc],
+        throwaway_database: Callable[[str], str], log_json: str) -> None:
+    redis_url = f"redis://worker:{SECRET}@127.0.0.1:{protected.port}/0"
+    floor_url = _pg_url(throwaway_database)
+    env = {"ECHOMQ_REDIS_URL": redis_url, "ECHOMQ_FLOOR_URL": floor_url,
+           "ECHOMQ_TEST_LEDGER_URL": redis_url}
+    migrate = subprocess.run([sys.executable, "-m", "echomq.supervisor.cli", "migrate"],
+                             env={**os.environ, **env}, capture_output=True, text=True,
+                             timeout=60)
+    assert migrate.returncode == 0, migrate.stderr
+    _clean(migrate.stdout + migrate.stderr, "migrate's output")
+    port = free_port()
+    sup = run_supervisor("start", "--queue", queue_name, "--handler", "sup_jobs:record",
+                         "--health-port", str(port), "--beat-ms", "100",
+                         env={**env, "ECHOMQ_LOG_JSON": log_json})
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = [q.add("x", {}), q.add("x", {"fail_first": True}, backoff=0.1),
+           q.add("x", {}, delay=3600)]
+    wait_until(lambda: q.get(ids[1]).state == "completed", 20, "jobs")  # type: ignore[union-attr]
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: '"floor": "ok"' in _body(base + "/readyz"), 20, "the floor in readyz")
+    for page in ("/livez", "/readyz", "/metrics"):
+        _clean(_body(base + page), page)
+    protected.pause()  # Valkey unreachable: the outage is logged with its URL
+    sup.wait_for("unreachable", 30)
+    protected.resume()
+    sup.wait_for("reachable again", 30)
+    assert sup.stop() == 0
+    _clean(sup.output, f"the supervisor's log (ECHOMQ_LOG_JSON={log_json})")
+    assert "worker:***@" in sup.output  # the URL is shown, redacted
+    if log_json == "true":
+        for line in sup.lines:
+            json.loads(line)
+
+
+def test_failures_at_start_name_the_url_without_its_password(
+        protected: LocalRedis, queue_name: str, run_supervisor: Callable[..., Proc]) -> None:
+    wrong = f"redis://worker:wrong-{SECRET}@127.0.0.1:{protected.port}/0"
+    unreachable_floor = f"postgresql://echomq:{FLOOR_SECRET}@127.0.0.1:{free_port()}/echomq"
+    sup = run_supervisor("start", "--queue", queue_name, "--handler", "sup_jobs:record",
+                         "--beat-ms", "100",
+                         env={"ECHOMQ_REDIS_URL": wrong, "ECHOMQ_FLOOR_URL": unreachable_floor,
+                              "ECHOMQ_TEST_LEDGER_URL": "redis://unused"})
+    sup.wait_for("unreachable", 30)
+    sup.stop()
+    _clean(sup.output, "the supervisor's log")
+    done = subprocess.run([sys.executable, "-m", "echomq.supervisor.cli", "migrate"],
+                          env={**os.environ, "ECHOMQ_FLOOR_URL": unreachable_floor},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    _clean(done.stdout + done.stderr, "migrate's error")
+
+
+def _formatted(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)) + repr(exc)
+
+
+def test_exceptions_and_their_causes_hold_no_password(protected: LocalRedis) -> None:
+    wrong = f"redis://worker:{SECRET}-no@127.0.0.1:{protected.port}/0"
+    q = echomq.Queue("q", redis_url=wrong)
+    _clean(repr(q), "repr(Queue)")
+    with pytest.raises(EchoMQError) as caught:
+        q.add("x", {})
+    _clean(_formatted(caught.value), "the exception")
+    down = echomq.Queue("q", redis_url=f"redis://worker:{SECRET}@127.0.0.1:{free_port()}/0")
+    with pytest.raises(echomq.ConnectionFailed) as caught:
+        down.ping()
+    _clean(_formatted(caught.value), "the exception")
+    with pytest.raises(echomq.ConnectionFailed) as caught:
+        echomq.Queue("q", redis_url=f"redis://worker:{SECRET}@[bad/0")
+    _clean(_formatted(caught.value), "the exception")
+    floor = Floor.from_url(f"postgresql://echomq:{FLOOR_SECRET}@127.0.0.1:{free_port()}/x",
+                           connect_timeout_s=2)
+    _clean(repr(floor), "repr(Floor)")
+    with pytest.raises(EchoMQError) as floor_error:
+        floor.check_at_head()
+    _clean(_formatted(floor_error.value), "the floor's exception")
+
+
+def test_drill_report_holds_no_password(throwaway_database: Callable[[str], str],
+                                        tmp_path: Path) -> None:
+    floor_url = _pg_url(throwaway_database)
+    done = subprocess.run(
+        [sys.executable, "-m", "echomq.supervisor.cli", "drill", "kill-consumer", "--jobs", "60",
+         "--processes", "1", "--report", "json"],
+        env={**os.environ, "ECHOMQ_FLOOR_URL": floor_url}, cwd=ROOT, capture_output=True,
+        text=True, timeout=240)
+    _clean(done.stdout + done.stderr, "the drill report")
+    report = json.loads(done.stdout)
+    assert report["ok"], report
