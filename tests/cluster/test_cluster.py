@@ -53,6 +53,7 @@ def test_one_supervisor_serves_thirty_queues_on_every_node(
     sup = supervisor(cluster.url, names, "--beat-ms", "200", "--lease-ms", "5000")
     sup.wait_for_log(r"consumer \d+ started", QUEUES)
     expected: dict[str, set[str]] = {}
+    retried_ids: dict[str, str] = {}
     by_queue = {n: [("now", {}) for _ in range(5)] for n in names}
     ids = echomq.add_many(by_queue, redis=rc)  # admit: one pipeline over every node
     for n in names:
@@ -60,14 +61,31 @@ def test_one_supervisor_serves_thirty_queues_on_every_node(
         later = q.add("later", {}, delay=0.3)  # schedule
         retried = q.add("retry", {"fail_first": True}, backoff=0.05)  # settle: retry
         expected[n] = {*ids[n], later, retried}
+        retried_ids[n] = retried
     queues = [echomq.Queue(n, redis=rc) for n in names]
+    # results: a waiter parks on the owning node until the retried job settles
+    for q in queues:
+        assert q.result(retried_ids[q.name], timeout=60) == "ok", q.name
     wait_until(lambda: all(q.counts()["completed"] == 7 for q in queues), 90,
                "every job of every queue to complete")
+    # pause, cancel, resume on every queue: a job cancelled while paused never runs,
+    # the one added while paused runs after the resume
+    cancelled: dict[str, str] = {}
+    for q in queues:
+        assert q.pause() is True and q.stats()["paused"] is True, q.name
+        cancelled[q.name] = q.add("held", {})
+        assert q.cancel(cancelled[q.name]) is True, q.name
+        expected[q.name].add(q.add("after", {}))
+    for q in queues:
+        assert q.get(cancelled[q.name]).state == "cancelled", q.name  # type: ignore[union-attr]
+        assert q.resume() is True, q.name
+    wait_until(lambda: all(q.counts()["completed"] == 8 for q in queues), 90,
+               "every queue's job added while paused to complete after the resume")
     for n in names:
         assert _done(r, n) == Counter({job_id: 1 for job_id in expected[n]}), n
         counts = echomq.Queue(n, redis=rc).counts()
-        assert counts == {"waiting": 0, "scheduled": 0, "active": 0, "completed": 7,
-                          "dead": 0}, n
+        assert counts == {"waiting": 0, "scheduled": 0, "active": 0, "completed": 8,
+                          "dead": 0, "cancelled": 1}, n
     assert sup.stop() == 0, sup.log[-3000:]
 
 
