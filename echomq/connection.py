@@ -196,7 +196,7 @@ def _sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
 # --- Valkey/Redis Cluster ------------------------------------------------------------
 #
 # ``connect(url)`` (``client_from_url``) returns a ``redis.cluster.RedisCluster`` when the
-# URL names a cluster node: detected from ``INFO cluster`` once per URL and process, forced
+# URL names a cluster node: detected from HELLO's ``mode`` once per URL and process, forced
 # with ``ECHOMQ_CLUSTER=1``, forbidden with ``ECHOMQ_CLUSTER=0``. Every key of a queue
 # shares the ``{queue}`` hash tag, so each call the library makes touches one slot and a
 # cluster client routes it to the node that owns it. Blocking calls (a queue's BLPOP, a
@@ -231,7 +231,7 @@ def _cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
 
 
 def cluster_mode(url: str, options: dict[str, Any] | None = None) -> bool:
-    """Whether ``url`` names a cluster node: ``ECHOMQ_CLUSTER`` if set, else ``INFO cluster``
+    """Whether ``url`` names a cluster node: ``ECHOMQ_CLUSTER`` if set, else HELLO's ``mode``
     (asked with the client's ``options``: timeouts, TLS files).
 
     A server that cannot be reached now is taken for a single server (and asked again
@@ -248,11 +248,16 @@ def cluster_mode(url: str, options: dict[str, Any] | None = None) -> bool:
                      if k.startswith(("socket_", "ssl_", "username", "password"))}
     probe = redis.Redis.from_url(url, **probe_options)
     try:
-        enabled = str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
+        # HELLO, not INFO: every ACL user may send it (docs/security.md's rules hold)
+        reply: Any = probe.execute_command("HELLO")
     except redis.exceptions.RedisError:
         return False
     finally:
         probe.close()
+    if isinstance(reply, list):
+        reply = dict(zip(reply[::2], reply[1::2], strict=False))
+    mode = reply.get(b"mode", reply.get("mode", b""))
+    enabled = (mode.decode() if isinstance(mode, bytes) else str(mode)) == "cluster"
     _cluster_urls[url] = enabled
     return enabled
 
