@@ -9,6 +9,7 @@ import redis
 from echomq.supervisor import protocol
 from echomq.supervisor.arbiter import Arbiter
 from echomq.supervisor.children import Child
+from echomq.supervisor.holdings import Holdings
 from echomq.supervisor.settings import QueueSpec, Settings
 
 
@@ -22,7 +23,8 @@ def test_a_queue_down_unregisters_its_doorbell_so_its_fd_can_be_reused(
         ours, theirs = socket.socketpair()
         pairs += [ours, theirs]
         rt.slots[0].child = Child(rt.spec.name, 0, pid=0, sock=ours, state="idle",
-                                  reader=protocol.LineReader(ours.fileno()))
+                                  reader=protocol.LineReader(ours.fileno()),
+                                  holdings=Holdings(1))
     a, b = arbiter.queues.values()
     try:
         arbiter._arm_doorbells(time.monotonic())

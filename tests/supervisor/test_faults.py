@@ -268,6 +268,7 @@ def test_a_doorbell_closed_by_the_server_marks_the_queue_down_instead_of_crashin
     take the queue down and reconnect later, not raise out of the loop."""
     from echomq.supervisor.arbiter import Arbiter
     from echomq.supervisor.children import Child
+    from echomq.supervisor.holdings import Holdings
     from echomq.supervisor.protocol import LineReader
     from echomq.supervisor.settings import QueueSpec, Settings
 
@@ -278,7 +279,8 @@ def test_a_doorbell_closed_by_the_server_marks_the_queue_down_instead_of_crashin
     ours, theirs = socket.socketpair()
     # an idle consumer's record (no process is needed): it makes the loop arm the doorbell
     rt.slots[0].child = Child(queue=queue_name, slot=0, pid=0, sock=ours,
-                              reader=LineReader(ours.fileno()), state="idle")
+                              reader=LineReader(ours.fileno()), holdings=Holdings(1),
+                              state="idle")
     try:
         arbiter._arm_doorbells(time.monotonic())
         bell = rt.metronome.doorbell
