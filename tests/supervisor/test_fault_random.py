@@ -384,6 +384,6 @@ def test_duplicates_only_for_jobs_in_flight_at_a_kill(run: Run) -> None:
 def test_counts_agree_with_the_ledger(run: Run) -> None:
     completed = set(_ok_runs(run)) - set(run.dead)
     expected = {"waiting": 0, "scheduled": 0, "active": 0, "completed": len(completed),
-                "dead": len(run.dead)}
+                "dead": len(run.dead), "cancelled": 0}
     assert run.counts == expected, f"{run.counts} != {expected}; {figures(run)} {run.where()}"
 
