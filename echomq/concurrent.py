@@ -31,7 +31,7 @@ import redis.asyncio
 import redis.exceptions
 
 from echomq import scripts
-from echomq.connection import UNAVAILABLE_ERRORS
+from echomq.connection import UNAVAILABLE_ERRORS, AsyncRefusalParser
 from echomq.drain import DrainHooks
 from echomq.job import Claimed, parse_claimed
 from echomq.lanes import Lanes, Outcome
@@ -219,32 +219,43 @@ class ConcurrentDrain:
         try:
             replies = await self._execute(calls)
         except UNAVAILABLE_ERRORS as exc:
-            self.done = outcomes + self.done
-            self.failures += 1
-            if self.failures == 1 or self.failures % 20 == 0:
-                log.warning("queue %s: server unreachable while draining (%d outcome(s) "
-                            "kept): %s", self.lanes.keys.queue, len(self.done), exc)
-            self.blocked = True
-            if not self.dry:
-                self.dry = True
-                self.hooks.on_dry()
-            return
+            replies = [exc] * len(calls)
         finally:
             self.settling -= len(outcomes)
             self.claiming -= want
             self.trips.discard(asyncio.current_task())  # type: ignore[arg-type]
             self._set_wake()
-        self.failures = 0
-        if outcomes:
-            self._settled(outcomes, [Settled(int(c)) for c in replies[0]])
-        if want:
-            batch = parse_claimed(replies[-1])
+        settle_reply = replies[0] if outcomes else None
+        claim_reply = replies[-1] if want else None
+        # a claim that went through is held and run even when the settle beside it failed
+        if want and not isinstance(claim_reply, Exception):
+            batch = parse_claimed(claim_reply)
             self._start(batch)
             if len(batch) == want:
                 self.dry = False  # more may be waiting
             elif not self.dry:
                 self.dry = True
                 self.hooks.on_dry()
+        failed = next((r for r in (settle_reply, claim_reply) if isinstance(r, Exception)), None)
+        if outcomes and not isinstance(settle_reply, Exception):
+            self._settled(outcomes, [Settled(int(c)) for c in settle_reply])
+        elif outcomes:
+            self.done = outcomes + self.done  # kept: their jobs stay held, settled later
+        if failed is None:
+            self.failures = 0
+            return
+        self.failures += 1
+        self.blocked = True
+        if isinstance(failed, UNAVAILABLE_ERRORS):
+            if self.failures == 1 or self.failures % 20 == 0:
+                log.warning("queue %s: server unreachable while draining (%d outcome(s) "
+                            "kept): %s", self.lanes.keys.queue, len(self.done), failed)
+            if not self.dry:
+                self.dry = True
+                self.hooks.on_dry()
+        else:  # a script error: say so loudly; the outcomes are kept, never dropped
+            log.error("queue %s: a settle or claim failed (%d outcome(s) kept): %s",
+                      self.lanes.keys.queue, len(self.done), failed)
 
     async def _execute(self, calls: Sequence[tuple[scripts.LuaScript, list[str], list[Any]]]
                        ) -> list[Any]:
@@ -312,8 +323,8 @@ def async_twin(client: redis.Redis) -> redis.asyncio.Redis:
         init = klass.__dict__.get("__init__")
         if init is not None:
             accepted |= set(inspect.signature(init).parameters)
-    # the sync client's parser (echomq's refusal parser) is no parser for asyncio
-    kwargs = {k: v for k, v in pool.connection_kwargs.items()
-              if k in accepted and k != "parser_class"}
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in accepted}
+    if "parser_class" in kwargs:  # a sync parser cannot read for an asyncio connection
+        kwargs["parser_class"] = AsyncRefusalParser
     return redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
         connection_class=cls, **kwargs))

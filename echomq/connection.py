@@ -24,6 +24,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 import redis.exceptions
+from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
 from redis.cluster import RedisCluster
 from redis.connection import DefaultParser
 from redis.crc import key_slot
@@ -86,6 +87,12 @@ class RefusalParser(DefaultParser):  # type: ignore[misc,valid-type]
     """redis-py's parser, answering the refusals above with their own exception classes."""
 
     EXCEPTION_CLASSES = {**DefaultParser.EXCEPTION_CLASSES, **REFUSALS}
+
+
+class AsyncRefusalParser(AsyncDefaultParser):  # type: ignore[misc,valid-type]
+    """The same for redis.asyncio connections (the consumer's event loop)."""
+
+    EXCEPTION_CLASSES = {**AsyncDefaultParser.EXCEPTION_CLASSES, **REFUSALS}
 
 
 def refusal_code(exc: BaseException) -> str | None:

@@ -69,7 +69,11 @@ class Drain:
             for i, claimed in enumerate(batch):
                 if self.hooks.stop_requested():
                     rest = [(c.id, c.token) for c in batch[i:]]
-                    self.lanes.release(rest, "unstarted")
+                    try:
+                        self.lanes.release(rest, "unstarted")
+                    except UNAVAILABLE_ERRORS:
+                        self.pending = outcomes  # the finished ones settle on the next call
+                        raise
                     self.hooks.on_unstarted(rest)
                     break
                 self.hooks.on_start(claimed)

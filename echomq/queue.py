@@ -491,7 +491,8 @@ def _dedup_ms(dedup_s: float | None) -> str:
     if dedup_s is None:
         return ""
     if isinstance(dedup_s, bool) or not isinstance(dedup_s, (int, float)) or not (
-            math.isfinite(dedup_s) and dedup_s >= 0):
-        raise ValueError(f"dedup_s must be a finite number of seconds >= 0, got {dedup_s!r}")
+            math.isfinite(dedup_s) and 0 <= dedup_s <= MAX_DELAY_S):
+        raise ValueError(f"dedup_s must be a number of seconds from 0 to 100 years, "
+                         f"got {dedup_s!r}")
     ms = math.ceil(dedup_s * 1000)
     return str(ms) if ms > 0 else ""

@@ -122,6 +122,12 @@ class Runner:
                 result = await loop.run_in_executor(threads, fn, job)
                 if inspect.isawaitable(result):
                     result = await _bounded(result, timeout)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # our own cancellation (a stop): the drain hands the job back
+            self._observe(start)  # the handler raised it itself: a failure like any other
+            return self.failed(claimed, exc, timeout)
         except Exception as exc:
             self._observe(start)
             return self.failed(claimed, exc, timeout)

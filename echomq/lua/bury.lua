@@ -4,7 +4,9 @@
 
   The job leaves the schedule set and the spilled set. A job whose hash is gone
   (it lived on the floor alone) gets a small hash holding its id, the state and
-  the reason (name "(unknown)", lane "default"), so it shows among the dead. Job hashes are built inside.
+  the reason (name "(unknown)", lane "default"), so it shows among the dead. A
+  result waiter (the job's "waited" mark) is woken through "done:<id>". Job
+  hashes and doorbells are built inside.
 
   Input:
     KEYS[1] schedule  KEYS[2] dead  KEYS[3] stats  KEYS[4] spilled
@@ -28,6 +30,11 @@ for i = 2, #ARGV, 2 do
   redis.call('HSETNX', jk, 'name', '(unknown)')
   redis.call('HSETNX', jk, 'lane', 'default')
   redis.call('ZADD', KEYS[2], now, id)
+  if redis.call('HEXISTS', jk, 'waited') == 1 then
+    local done = ARGV[1] .. 'done:' .. id
+    redis.call('LPUSH', done, 'd')
+    redis.call('PEXPIRE', done, 60000)
+  end
   buried = buried + 1
 end
 if buried > 0 then redis.call('HINCRBY', KEYS[3], 'dead', buried) end

@@ -42,7 +42,8 @@ elseif state == 'scheduled' then
 else
   return 3
 end
-redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', now, 'token', '')
+redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', now, 'token', '',
+  'error', 'cancelled')  -- not the error of an earlier failed attempt
 redis.call('ZADD', KEYS[3], now, id)
 if f[3] == '1' and (tonumber(redis.call('HGET', KEYS[4], 'fold') or '') or 0) >= now then
   redis.call('RPUSH', KEYS[5], id)

@@ -77,7 +77,10 @@ for i = 0, n - 1 do
         redis.call('ZADD', KEYS[4], now, id)
       end
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end
-      if f[6] then redis.call('SET', prefix .. 'dedup:' .. id, '1', 'PX', f[6]) end
+      local dedup = tonumber(f[6])  -- a malformed or out-of-range value reserves nothing
+      if dedup and dedup >= 1 and dedup < 1e13 and dedup == math.floor(dedup) then
+        redis.call('SET', prefix .. 'dedup:' .. id, '1', 'PX', string.format('%d', dedup))
+      end
       if f[5] then ring_done(id, 'c') end
       out[i + 1] = 1
     else

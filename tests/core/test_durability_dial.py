@@ -4,6 +4,7 @@ floor) refuses loudly instead of silently admitting deferred jobs as "folded".""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,3 +88,23 @@ def test_a_running_producer_learns_a_new_dial_within_its_ttl(
     threading.Event().wait(0.3)  # let the producer's reading of the dial age past its TTL
     with pytest.raises(ConfigError, match="durability 'sync'"):
         q.add("send", {}, delay=3600)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "echomq.aio.Queue never reads the durability dial: on a 'sync' queue its deferred add "
+    "returns before any floor holds the job (and without a floor it admits instead of "
+    "refusing), so the job is only as durable as the next fold"))
+def test_an_asyncio_producer_of_a_sync_queue_without_a_floor_fails_loudly(
+        redis_url: str, queue_name: str) -> None:
+    _supervisor_records(redis_url, queue_name, "sync", "sqlite:///unused.db")
+
+    async def add() -> None:
+        aq = echomq.aio.Queue(queue_name, redis_url=redis_url)
+        try:
+            await aq.add("send", {}, delay=60)
+        finally:
+            await aq.close()
+
+    with pytest.raises(ConfigError, match="durability 'sync'"):
+        asyncio.run(add())
+    assert echomq.Queue(queue_name, redis_url=redis_url).counts()["scheduled"] == 0

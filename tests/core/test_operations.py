@@ -151,3 +151,18 @@ def test_listing_skips_a_hash_without_its_fields(redis_url: str, queue_name: str
     r.hset(q.keys.job("broken"), "payload", "not json")
     r.rpush(q.keys.lane("default"), "broken")
     assert [j.id for j in q.jobs("waiting")] == [good]
+
+
+def test_a_cancelled_retrying_job_reports_cancelled_not_its_old_error(
+        redis_url: str, queue_name: str) -> None:
+
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", {}, max_attempts=3)
+    lanes = Lanes(q.redis, q.keys, q.settings)
+    [claimed] = lanes.claim(1)
+    lanes.settle([Outcome(claimed.id, claimed.token, "f", "Traceback: boom", 60_000)])
+    assert q.get(job_id).state == "scheduled"  # type: ignore[union-attr]
+    assert q.cancel(job_id) is True
+    with pytest.raises(echomq.JobFailed) as info:
+        q.result(job_id, timeout=1)
+    assert "cancelled" in info.value.error and "boom" not in info.value.error

@@ -14,6 +14,7 @@ from echomq.supervisor.localredis import LocalRedis
 from echomq.supervisor.scheduler import Scheduler
 
 import echomq
+from echomq import scripts
 from echomq.floor import Floor
 from echomq.lanes import Lanes, Outcome
 
@@ -233,3 +234,33 @@ def test_leadership_is_renewed_while_the_floor_backs_off(
         client.pexpire(sched.keys.leader, 50)
         sched.tick(0.01)  # inside the backoff: renews the lease only
         assert client.pttl(sched.keys.leader) > 1000 and sched.fence is not None
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "after the fold lease lapsed (no scheduler for longer than its grace, or the logs "
+    "dropped over max_backlog) the new leader sweeps only the schedule set: a retried job "
+    "promoted onto its lane meanwhile is never folded, and a Valkey loss loses it"))
+def test_a_retried_job_promoted_while_the_fold_lease_had_lapsed_survives_valkey_loss(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("lapsed", redis=client)
+    sched = _scheduler(client, floor, "lapsed")
+    _tick(sched)  # takes the lead and sets the epoch
+    client.hset(q.keys.meta, "fold", "1")  # the fold lease ran out: no scheduler meanwhile
+    job_id = q.add("r", {})
+    lanes = Lanes(client, q.keys, q.settings)
+    [claimed] = lanes.claim(1)
+    lanes.settle([Outcome(claimed.id, claimed.token, "f", "transient", 0)])
+    assert q.get(job_id).state == "scheduled"  # type: ignore[union-attr]
+    assert scripts.promote(client, q.keys, 100)[0] == 1  # due at once: waiting again
+    _tick(sched)  # a leader again: the lapse is noticed and the schedule set swept
+    _tick(sched)
+    server.restart_empty()
+    client2 = redis.Redis.from_url(server.url)
+    q2 = echomq.Queue("lapsed", redis=client2)
+    sched2 = _scheduler(client2, floor, "lapsed")
+    _tick(sched2)  # rehydrates from the floor
+    job = q2.get(job_id)
+    assert job is not None, "a retried job was lost with Valkey's data"
+    sched2.close()
+    sched.close()

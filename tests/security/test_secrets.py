@@ -90,7 +90,7 @@ def test_supervisor_logs_and_health_pages_hold_no_password(
     protected.pause()  # Valkey unreachable: the outage is logged with its URL
     sup.wait_for("unreachable", 30)
     protected.resume()
-    sup.wait_for("reachable again", 30)
+    sup.wait_for("available again", 30)
     assert sup.stop() == 0
     _clean(sup.output, f"the supervisor's log (ECHOMQ_LOG_JSON={log_json})")
     assert "worker:***@" in sup.output  # the URL is shown, redacted
