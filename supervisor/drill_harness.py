@@ -40,6 +40,7 @@ from echomq.supervisor.localcluster import LocalCluster
 from echomq.supervisor.localredis import LocalRedis
 
 from echomq.errors import EchoMQError, FloorError
+from echomq.floor import Floor
 from echomq.queue import Queue
 
 CLI = [sys.executable, "-m", "echomq.supervisor.cli"]
@@ -89,10 +90,12 @@ class Producer(threading.Thread):
     the server is unreachable, and records when each job's admit returned."""
 
     def __init__(self, redis_url: str, queue: str, plan: list[JobPlan],
-                 durability: str | None = None) -> None:
+                 durability: str | None = None, floor_url: str | None = None) -> None:
         super().__init__(name="drill-producer", daemon=True)
+        # "sync": deferred jobs reach the floor before add_many returns, so it needs one
+        self.floor = Floor.from_url(floor_url) if floor_url else None
         self.queue = Queue(queue, redis_url=redis_url, max_attempts=MAX_ATTEMPTS,
-                           max_stalls=MAX_STALLS, durability=durability)
+                           max_stalls=MAX_STALLS, durability=durability, floor=self.floor)
         self.plan = plan
         self._admitted_at: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -111,6 +114,8 @@ class Producer(threading.Thread):
                 self._admit(self.plan[i:i + size])
         finally:
             self.queue.close()
+            if self.floor is not None:
+                self.floor.dispose()
 
     def admitted(self) -> dict[str, float]:
         """A copy of job id -> time its admit returned, safe to read while producing."""
@@ -419,8 +424,9 @@ class Harness:
 
     def start_producer(self) -> Producer:
         # on a cluster, admits wait for a replica (durability "sync"): a failover loses none
+        sync = self.cluster is not None
         self.producer = Producer(self.redis.url, self.queue, self.plan,
-                                 "sync" if self.cluster is not None else None)
+                                 "sync" if sync else None, self.floor_url if sync else None)
         self.producer.start()
         return self.producer
 
