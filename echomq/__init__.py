@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from echomq import aio
 from echomq.backoff import Backoff
+from echomq.bulk import add_many
 from echomq.config import QueueSettings
 from echomq.consumer import Consumer
 from echomq.control import Fail, Retry
@@ -25,6 +26,7 @@ from echomq.errors import (
     JobFailed,
     JobNotFound,
     MissingExtra,
+    NotReplicated,
     PayloadError,
     StaleLease,
 )
@@ -55,6 +57,7 @@ __all__ = [
     "MissingExtra",
     "Job",
     "Lanes",
+    "NotReplicated",
     "Outcome",
     "PayloadError",
     "Queue",
@@ -62,6 +65,7 @@ __all__ = [
     "Retry",
     "StaleLease",
     "Task",
+    "add_many",
     "aio",
     "configure",
     "task",

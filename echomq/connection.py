@@ -17,14 +17,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
-from typing import Any
-from urllib.parse import unquote, urlsplit
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 import redis.exceptions
 from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
+from redis.cluster import RedisCluster
 from redis.connection import DefaultParser
+from redis.crc import key_slot
 
 from echomq.errors import ConnectionFailed, PermissionDenied
 
@@ -120,8 +123,11 @@ def redact_url(url: str) -> str:
     return _QUERY_PASSWORD.sub(r"\1***", text)
 
 
-def describe(client: redis.Redis) -> str:
+def describe(client: Client) -> str:
     """A redacted description of where a client connects, for error messages."""
+    if isinstance(client, RedisCluster):
+        nodes = sorted(n.name for n in client.get_primaries())
+        return f"cluster {', '.join(nodes)}"
     kwargs: dict[str, Any] = client.connection_pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
@@ -162,6 +168,8 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
         if url.partition("://")[0].lower() in SENTINEL_SCHEMES:
             return _sentinel_client(url, options)
         _tls_options(url, options)
+        if cluster_mode(url, options):
+            return _cluster_client(url, options)  # type: ignore[return-value]
         return redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
@@ -192,6 +200,206 @@ def _sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
     return client
 
 
+# --- Valkey/Redis Cluster ------------------------------------------------------------
+#
+# ``connect(url)`` (``client_from_url``) returns a ``redis.cluster.RedisCluster`` when the
+# URL names a cluster node: detected from HELLO's ``mode`` once per URL and process, forced
+# with ``ECHOMQ_CLUSTER=1``, forbidden with ``ECHOMQ_CLUSTER=0``. Every key of a queue
+# shares the ``{queue}`` hash tag, so each call the library makes touches one slot and a
+# cluster client routes it to the node that owns it. Blocking calls (a queue's BLPOP, a
+# result waiter) get a connection of their own from :func:`blocking_connection`, to the
+# node that owns the queue's slot.
+
+CLUSTER_ENV = "ECHOMQ_CLUSTER"
+# a cluster's own retry-later errors: no master for a slot during a failover
+# (CLUSTERDOWN), a slot being moved (TRYAGAIN past the client's retries), no topology yet
+CLUSTER_ERRORS = (redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+                  redis.exceptions.RedisClusterException)
+NETWORK_ERRORS = (*NETWORK_ERRORS, *CLUSTER_ERRORS)  # type: ignore[assignment]
+UNAVAILABLE_ERRORS = (*UNAVAILABLE_ERRORS, *CLUSTER_ERRORS)  # type: ignore[assignment]
+Client = redis.Redis | RedisCluster
+T = TypeVar("T")
+_cluster_urls: dict[str, bool] = {}  # detection result per URL, once per process
+REPLICAS_RECHECK_S = 5.0
+_replicas_seen: dict[tuple[Any, Any, Any], tuple[float, int]] = {}  # node -> (until, count)
+
+
+def connect(url: str | None = None, **options: Any) -> Client:
+    """The client for ``url`` (default ``DEFAULT_URL``): a ``RedisCluster`` when it names a
+    cluster node, else a ``redis.Redis``. Options go to the connection pool(s)."""
+    return client_from_url(url or DEFAULT_URL, **options)
+
+
+def _cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
+    try:
+        return RedisCluster.from_url(_cluster_url(url), **options)
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise ConnectionFailed(f"cannot reach the cluster at {redact_url(url)}: {exc}") from exc
+
+
+def cluster_mode(url: str, options: dict[str, Any] | None = None) -> bool:
+    """Whether ``url`` names a cluster node: ``ECHOMQ_CLUSTER`` if set, else HELLO's ``mode``
+    (asked with the client's ``options``: timeouts, TLS files).
+
+    A server that cannot be reached now is taken for a single server (and asked again
+    next time); set ``ECHOMQ_CLUSTER=1`` where a cluster must be assumed from the start.
+    """
+    forced = os.environ.get(CLUSTER_ENV, "").strip()
+    if forced in ("1", "0"):
+        return forced == "1"
+    if url.partition("://")[0].lower() not in ("redis", "rediss"):
+        return False  # a unix socket or a Sentinel URL names no cluster node
+    if url in _cluster_urls:
+        return _cluster_urls[url]
+    probe_options = {k: v for k, v in (options or {}).items()
+                     if k.startswith(("socket_", "ssl_", "username", "password"))}
+    probe = redis.Redis.from_url(url, **probe_options)
+    try:
+        # HELLO, not INFO: every ACL user may send it (docs/security.md's rules hold)
+        reply: Any = probe.execute_command("HELLO")
+    except redis.exceptions.RedisError:
+        return False
+    finally:
+        probe.close()
+    if isinstance(reply, list):
+        reply = dict(zip(reply[::2], reply[1::2], strict=False))
+    mode = reply.get(b"mode", reply.get("mode", b""))
+    enabled = (mode.decode() if isinstance(mode, bytes) else str(mode)) == "cluster"
+    _cluster_urls[url] = enabled
+    return enabled
+
+
+def _cluster_url(url: str) -> str:
+    """A cluster has only database 0: drop a ``/0`` path the single-server URL may carry."""
+    parts = urlsplit(url)
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError("a cluster has only database 0")
+    return urlunsplit((parts.scheme, parts.netloc, "", parts.query, parts.fragment))
+
+
+def is_cluster(client: object) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+def node_client(client: Client, key: str) -> redis.Redis:
+    """The single-node client that serves ``key``: the client itself on one server.
+
+    It does not follow redirects nor re-read the slot map on its own: call it through
+    :func:`on_node`, or :func:`refresh` after a failure.
+    """
+    if isinstance(client, RedisCluster):
+        return client.get_redis_connection(client.get_node_from_key(key))
+    return client
+
+
+def on_node(client: Client, key: str, call: Callable[[redis.Redis], T]) -> T:
+    """``call`` the node serving ``key``; when that node cannot be reached (a failover),
+    re-read the slot map before raising, so the caller's next try finds the new master."""
+    try:
+        return call(node_client(client, key))
+    except NETWORK_ERRORS:
+        if isinstance(client, RedisCluster):
+            with contextlib.suppress(*NETWORK_ERRORS):
+                refresh(client)
+        raise
+
+
+def blocking_connection(client: Client, key: str, socket_timeout: float,
+                        address: tuple[str, int] | None = None) -> Any:
+    """A new connection of its own for a blocking call on ``key`` (not from any pool),
+    to the node owning ``key``'s slot, or to ``address`` (where a redirect pointed)."""
+    pool = node_client(client, key).connection_pool
+    kwargs: dict[str, Any] = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = socket_timeout
+    if address is not None:
+        kwargs["host"], kwargs["port"] = address
+    return pool.connection_class(**kwargs)
+
+
+def refresh(client: Client) -> None:
+    """Re-read the cluster's slot map (after a failover or a slot move); no-op on one server."""
+    if isinstance(client, RedisCluster):
+        client.nodes_manager.initialize()
+
+
+def learn_redirect(client: Client, exc: redis.exceptions.ResponseError) -> None:
+    """Teach a cluster client a MOVED its own calls did not see (a blocking call's reply)."""
+    if isinstance(client, RedisCluster) and isinstance(exc, redis.exceptions.MovedError):
+        client.nodes_manager.move_slot(exc)
+
+
+def pools(client: Client) -> list[Any]:
+    """Every connection pool the client holds (one, or one per cluster node)."""
+    if isinstance(client, RedisCluster):
+        return [n.redis_connection.connection_pool for n in client.get_nodes()
+                if n.redis_connection is not None]
+    return [client.connection_pool]
+
+
+def wait_replicas(client: Client, key: str, replicas: int, timeout_ms: int) -> int | None:
+    """See :func:`_wait_replicas`; a lost node makes the slot map be read again."""
+    return on_node(client, key, lambda _: _wait_replicas(client, key, replicas, timeout_ms))
+
+
+def _wait_replicas(client: Client, key: str, replicas: int, timeout_ms: int) -> int | None:
+    """How many replicas of the node owning ``key`` hold every write made there so far,
+    waiting up to ``timeout_ms`` for ``replicas`` of them (``WAIT``). None when that
+    node has no replica (WAIT would block its whole timeout for nothing); that is looked
+    up at most every few seconds per node.
+
+    WAIT covers the writes of its own connection, and a pooled connection may not be the
+    one that wrote: so one ``INCR`` of ``key`` (a counter in the same slot) is sent on
+    the same connection first. Replication is one ordered stream, so replicas that hold
+    the INCR hold everything the node applied before it.
+    """
+    node = node_client(client, key)
+    for _ in range(3):  # the owning node, then where a MOVED or an ASK points
+        kwargs = node.connection_pool.connection_kwargs
+        where = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"))
+        now = time.monotonic()
+        known = _replicas_seen.get(where)
+        if known is None or known[0] < now:
+            count = int(node.info("replication").get("connected_slaves", 0))
+            known = _replicas_seen[where] = (now + REPLICAS_RECHECK_S, count)
+        if known[1] == 0:
+            return None
+        pipe = node.pipeline(transaction=False)
+        asking = node is not node_client(client, key)
+        if asking:
+            pipe.execute_command("ASKING")
+        pipe.incr(key)
+        pipe.execute_command("WAIT", replicas, timeout_ms)
+        *_, marked, acked = pipe.execute(raise_on_error=False)
+        if not isinstance(marked, Exception):
+            return int(acked)
+        if not (isinstance(marked, redis.exceptions.AskError) and isinstance(client, RedisCluster)):
+            raise marked
+        learn_redirect(client, marked)  # a MOVED updates the slot map; an ASK does not
+        target = client.get_node(host=marked.host, port=int(marked.port))
+        if target is None:
+            client.nodes_manager.initialize()
+            target = client.get_node(host=marked.host, port=int(marked.port))
+        node = client.get_redis_connection(target)
+    raise redis.exceptions.TryAgainError("the slot kept moving while waiting for replicas")
+
+
+def connect_async(url: str | None = None, **options: Any) -> Any:
+    """The asyncio client for ``url``: ``redis.asyncio.RedisCluster`` for a cluster node,
+    else ``redis.asyncio.Redis`` (detection as in :func:`connect`)."""
+    import redis.asyncio
+    import redis.asyncio.cluster
+
+    url = url or DEFAULT_URL
+    options.setdefault("socket_connect_timeout", 5.0)
+    options.setdefault("socket_timeout", 10.0)
+    try:
+        if cluster_mode(url, options):
+            return redis.asyncio.cluster.RedisCluster.from_url(_cluster_url(url), **options)
+        return redis.asyncio.Redis.from_url(url, **options)
+    except ValueError as exc:
+        raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
+
+
 @contextlib.contextmanager
 def translated(where: str) -> Iterator[None]:
     """Turn redis-py connection and timeout errors into ConnectionFailed, and ACL refusals
@@ -206,9 +414,15 @@ def translated(where: str) -> Iterator[None]:
         raise PermissionDenied(
             f"Valkey/Redis at {where} refused a command (NOPERM): {exc}. The ACL user needs "
             "the rule of its role (producer, supervisor, operator) in docs/security.md") from exc
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+            *CLUSTER_ERRORS) as exc:
         hint = ""
         if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "certificate verify failed" in str(exc):
             hint = (" (the server's TLS certificate was not accepted: give the CA that signed "
                     "it as ?ssl_ca_certs=PATH in the URL or ECHOMQ_REDIS_TLS_CA_FILE)")
         raise ConnectionFailed(f"cannot reach Valkey/Redis at {where}: {exc}{hint}") from exc
+
+
+def slot_of(key: str) -> int:
+    """The cluster slot of ``key`` (its ``{hash tag}``), as every node computes it."""
+    return int(key_slot(key.encode()))

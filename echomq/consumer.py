@@ -130,7 +130,7 @@ class Consumer:
             while not self._stopping:
                 try:
                     if failures:
-                        scripts.load_all(self.queue.redis)
+                        scripts.load_all(self.queue.redis, keys.prefix)
                     if not claimed_bell:  # refuses (DoorbellMismatch) a queue of the other kind
                         claim_doorbell(self.queue.redis, keys, doorbell.kind)
                         claimed_bell = True

@@ -27,6 +27,11 @@ class ConnectionFailed(EchoMQError, ConnectionError):
     """The Valkey/Redis server cannot be reached. The message carries the redacted URL."""
 
 
+class NotReplicated(EchoMQError):
+    """Durability "sync": no replica confirmed an admit in time (the job may not survive a
+    failover of its node; admitting again with the same job id is safe)."""
+
+
 class PermissionDenied(EchoMQError, PermissionError):
     """The server's ACL refused a command: the message names it and where the role rules are."""
 

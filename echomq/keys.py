@@ -42,7 +42,7 @@ class Keys:
 
     __slots__ = (
         "queue", "prefix", "ring", "leases", "schedule", "wake", "dead", "completed",
-        "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence", "spilled",
+        "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence", "acks", "spilled",
         "marker", "paused", "cancelled",
     )
 
@@ -64,6 +64,7 @@ class Keys:
         self.epoch = p + "epoch"
         self.leader = p + "leader"
         self.fence = p + "fence"
+        self.acks = p + "acks"  # durability "sync": the write a WAIT for replicas rides on
         self.spilled = p + "spilled"  # ids of jobs held by the floor alone
         self.marker = p + "marker"
         self.paused = p + "paused"

@@ -16,14 +16,31 @@ import redis
 from echomq import results, scripts
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
-from echomq.connection import DEFAULT_URL, client_from_url, describe, redact_url, translated
-from echomq.errors import ConfigError, CorruptJob, InvalidName, InvalidSchedule, PayloadError
+from echomq.connection import (
+    DEFAULT_URL,
+    client_from_url,
+    describe,
+    is_cluster,
+    node_client,
+    redact_url,
+    translated,
+    wait_replicas,
+)
+from echomq.errors import (
+    ConfigError,
+    CorruptJob,
+    InvalidName,
+    InvalidSchedule,
+    NotReplicated,
+    PayloadError,
+)
 from echomq.job import STATES, Job
 from echomq.keys import DEFAULT_LANE, REGISTRY, Keys, validate_job_id, validate_name
 from echomq.tracing import current_traceparent
 
 DIAL_TTL_S = 5.0  # how long a producer trusts the durability dial it read from the meta
 ADMIT_BATCH = 500  # jobs per script call in add_many: bounds one script's run time
+REPLICA_WAIT_MS = 1000  # durability "sync": how long an admit waits for a replica's ack
 # Due times are stored as integer ms text; past 10**14 Lua would write them as floats
 # ("1e+14"), so schedules end well before that: year 5000, or 100 years from now.
 MAX_DUE_MS = 95_617_584_000_000  # 5000-01-01T00:00:00Z
@@ -98,10 +115,9 @@ class Queue:
         sync = self._must_sync([spec])
         [(script, keys, args)] = self._calls([spec])
         with translated(self.where):
-            self._register()
+            self.register()
             script(self.redis, keys, args)
-        if sync:
-            self._sync_to_floor([spec])
+        self.after_admit([spec], sync)
         return spec[0]
 
     def add_many(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[str]:
@@ -114,10 +130,9 @@ class Queue:
         if specs:
             sync = self._must_sync(specs)
             with translated(self.where):
-                self._register()
+                self.register()
                 scripts.execute(self.redis, self._calls(specs))
-            if sync:
-                self._sync_to_floor(specs)
+            self.after_admit(specs, sync)
         return [s[0] for s in specs]
 
     def _specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
@@ -145,6 +160,34 @@ class Queue:
                                     opts.get("timeout"), opts.get("dedup_s")))
         return specs
 
+    def specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
+              ) -> tuple[list[tuple[str, list[Any], int | None]], bool]:
+        """Validate jobs given as :meth:`add_many` takes them (nothing is sent), and say
+        whether deferred ones must reach the floor (see :meth:`after_admit`)."""
+        specs = self._specs(jobs)
+        return specs, bool(specs) and self._must_sync(specs)
+
+    def after_admit(self, specs: Sequence[tuple[str, list[Any], int | None]],
+                    floor_sync: bool) -> None:
+        """Durability "sync": the admits are on a replica (on a cluster) and deferred jobs
+        on the floor (``floor_sync``, from :meth:`specs`)."""
+        self._replicate()
+        if floor_sync:
+            self._sync_to_floor(specs)
+
+    def _replicate(self) -> None:
+        """Durability "sync" on a cluster: ``WAIT 1`` on the queue's node, where it has a
+        replica, so an acknowledged admit survives that node's failover. Raises
+        NotReplicated when no replica confirmed within ``REPLICA_WAIT_MS``: the job may or
+        may not survive one."""
+        if not is_cluster(self.redis) or "sync" not in (self._dial(), self.settings.durability):
+            return
+        with translated(self.where):
+            acked = wait_replicas(self.redis, self.keys.acks, 1, REPLICA_WAIT_MS)
+        if acked == 0:
+            raise NotReplicated(f"queue {self.name}: no replica confirmed the admit within "
+                                f"{REPLICA_WAIT_MS} ms at {self.where}")
+
     def _dial(self) -> str | None:
         """The queue's durability dial: the one its supervisor recorded in the queue's meta,
         else this producer's own setting (None when neither says). The recorded dial is
@@ -170,7 +213,7 @@ class Queue:
                 "floor=echomq.floor.Floor.from_url(FLOOR_URL) to Queue (nothing was admitted)")
         return sync
 
-    def _register(self) -> None:
+    def register(self) -> None:
         """Add this queue to the registry ``echomq queues`` reads (once per Queue object)."""
         if not self._registered:
             self.redis.sadd(REGISTRY, self.name)
@@ -248,6 +291,11 @@ class Queue:
             )
         return text
 
+    def calls(self, specs: Sequence[tuple[str, list[Any], int | None]]
+              ) -> list[tuple[scripts.LuaScript, list[str], list[Any]]]:
+        """The script calls that admit validated jobs (see :meth:`specs`)."""
+        return self._calls(specs)
+
     def _calls(self, specs: Sequence[tuple[str, list[Any], int | None]]
                ) -> list[tuple[scripts.LuaScript, list[str], list[Any]]]:
         now = [s for s in specs if s[2] is None]
@@ -300,7 +348,8 @@ class Queue:
         """
         with translated(self.where):
             if self._waiters is None:
-                self._waiters = results.waiter_pool(self.redis)
+                # on a cluster: the node owning the queue's slot, where its doorbells ring
+                self._waiters = results.waiter_pool(node_client(self.redis, self.keys.prefix))
             return results.wait(self._waiters, self.keys, job_id, timeout)
 
     def counts(self) -> dict[str, int]:
@@ -330,7 +379,7 @@ class Queue:
     def pause(self) -> bool:
         """Stop handing out jobs (admits go on, active jobs finish); False if already paused."""
         with translated(self.where):
-            self._register()
+            self.register()
             return scripts.pause(self.redis, self.keys)
 
     def resume(self) -> bool:

@@ -4,6 +4,12 @@ redis-py's ``register_script`` would do load-once and NOSCRIPT reload for
 single calls, but inside a pipeline it sends ``SCRIPT EXISTS`` on every
 execute; settle-and-claim is pipelined on the hot path, so scripts here are
 loaded explicitly and re-loaded only when the server answers NOSCRIPT.
+
+On a cluster, EVALSHA goes to the node owning its first key's slot (redis-py's
+RedisCluster routes it like any keyed command, following MOVED and ASK), while
+a bare SCRIPT LOAD goes to every primary. A replica promoted by a failover, or
+the node a slot moved to, may not have the script: its NOSCRIPT is answered by
+loading the script on the node owning that slot and calling again.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 import redis
 import redis.exceptions
 
+from echomq.connection import is_cluster, learn_redirect, node_client, on_node
 from echomq.keys import Keys
 
 Arg = str | int | float | bytes
@@ -55,8 +62,15 @@ class LuaScript:
         try:
             return client.evalsha(self.sha, self.num_keys, *keys, *args)
         except redis.exceptions.NoScriptError:
-            client.script_load(self.source)
+            self.load(client, keys[0] if keys else None)
             return client.evalsha(self.sha, self.num_keys, *keys, *args)
+
+    def load(self, client: redis.Redis, key: str | None = None) -> None:
+        """SCRIPT LOAD on the node owning ``key``'s slot (every primary when no key)."""
+        if key is None:
+            client.script_load(self.source)
+        else:
+            on_node(client, key, lambda node: node.script_load(self.source))
 
     def queue(self, pipe: redis.client.Pipeline, keys: Sequence[str], args: Sequence[Arg]) -> None:
         """Add a call to a pipeline; see :func:`execute` for the NOSCRIPT handling."""
@@ -89,13 +103,21 @@ ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD
        RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY)
 
 
-def load_all(client: redis.Redis) -> None:
+def load_all(client: redis.Redis, key: str | None = None) -> None:
     """SCRIPT LOAD every script the server lacks (once per connection target, before
-    pipelining): one SCRIPT EXISTS when they are all there, as after a sibling's load."""
-    present = client.script_exists(*(script.sha for script in ALL))
-    for script, loaded in zip(ALL, present, strict=True):
-        if not loaded:
-            client.script_load(script.source)
+    pipelining): one SCRIPT EXISTS when they are all there, as after a sibling's load.
+    On a cluster: on the node owning ``key``'s slot, or on every primary when no key."""
+
+    def load(node: redis.Redis) -> None:
+        present = node.script_exists(*(script.sha for script in ALL))
+        for script, loaded in zip(ALL, present, strict=True):
+            if not loaded:
+                node.script_load(script.source)
+
+    if key is None:
+        load(client)
+    else:
+        on_node(client, key, load)
 
 
 def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
@@ -103,13 +125,46 @@ def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
     """Run script calls in one pipeline (one round trip), reloading on NOSCRIPT.
 
     A call refused with NOSCRIPT did not run, so it is re-run alone after loading.
+    On a cluster the calls go in one plain pipeline per node (redis-py's cluster
+    pipeline would ask the server for the keys of every EVALSHA first: a round trip
+    each); a call refused with MOVED, ASK, TRYAGAIN or CLUSTERDOWN did not run either,
+    and is re-run alone through the cluster client, which follows the redirect.
     """
-    pipe = client.pipeline(transaction=False)
-    for script, keys, args in calls:
-        script.queue(pipe, keys, args)
-    results = pipe.execute(raise_on_error=False)
+    if not is_cluster(client):
+        pipe = client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            script.queue(pipe, keys, args)
+        return _settle(client, calls, pipe.execute(raise_on_error=False))
+    groups: dict[int, tuple[redis.Redis, list[int]]] = {}
+    for i, (_, keys, _) in enumerate(calls):
+        node = node_client(client, keys[0])
+        groups.setdefault(id(node), (node, []))[1].append(i)
+    results: list[Any] = [None] * len(calls)
+    for node, indexes in groups.values():
+
+        def send(node: redis.Redis, indexes: list[int] = indexes) -> list[Any]:
+            pipe = node.pipeline(transaction=False)
+            for i in indexes:
+                script, keys, args = calls[i]
+                script.queue(pipe, keys, args)
+            return list(pipe.execute(raise_on_error=False))
+
+        for i, result in zip(indexes, on_node(client, calls[indexes[0]][1][0], send),
+                             strict=True):
+            results[i] = result
+    return _settle(client, calls, results)
+
+
+NOT_RUN = (redis.exceptions.NoScriptError, redis.exceptions.AskError,
+              redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
+
+
+def _settle(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]],
+            results: list[Any]) -> list[Any]:
+    """Re-run alone each call that did not run (NOSCRIPT, a redirect); raise other errors."""
     for i, result in enumerate(results):
-        if isinstance(result, redis.exceptions.NoScriptError):
+        if isinstance(result, NOT_RUN):
+            learn_redirect(client, result)
             script, keys, args = calls[i]
             results[i] = script(client, keys, args)
         elif isinstance(result, Exception):

@@ -34,6 +34,12 @@ becomes readable, and does other work (a promote due on a local timer, a
 drain) on its command connection meanwhile. Cancelling uses ``CLIENT
 UNBLOCK``; a token or marker that arrived in that instant is put back so no
 other waiter loses its wake-up.
+
+On a cluster the connection goes to the node owning the queue's slot. A reply of
+MOVED (the slot moved, or a replica took over) or ASK (the slot is moving) ends
+the call like a lost connection; the next arm goes where the redirect pointed. After
+a lost connection the next arm re-reads the cluster's slot map first, so a
+promoted replica is found within the failover time.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import redis
 import redis.exceptions
 
 from echomq.config import DOORBELLS
+from echomq.connection import blocking_connection, is_cluster, learn_redirect, refresh
 from echomq.errors import ConfigError
 from echomq.keys import Keys
 
@@ -107,12 +114,13 @@ class Doorbell:
             key = key.marker if kind == "marker" else key.wake
         self.key = key
         self.beat_s = max(0.01, beat_s)
-        pool = client.connection_pool
-        kwargs: dict[str, Any] = dict(pool.connection_kwargs)
-        kwargs["socket_timeout"] = self.beat_s + BLOCK_GRACE_S
-        self.conn: Any = pool.connection_class(**kwargs)
+        self.conn: Any = blocking_connection(client, key, self.beat_s + BLOCK_GRACE_S)
         self.client_id: int | None = None
         self.armed_at: float | None = None
+        self.redirect: tuple[str, int, bool] | None = None  # where MOVED/ASK pointed, ASK?
+        self.asking = False  # this connection follows an ASK: send ASKING before each call
+        self.lost = False  # the connection failed: re-read the slot map before reconnecting
+        self.failed: BaseException | None = None  # seen by buffered(), raised by collect()
         self.due_ms: int | None = None  # the last popped marker's due time (server ms)
         self.next_due_ms: int | None = None  # the owner's schedule head, put back on close
 
@@ -129,12 +137,29 @@ class Doorbell:
         if self.armed_at is not None:
             return
         if self.client_id is None:
+            self._route()
             self.conn.connect()
             self.conn.send_command("CLIENT", "ID")
             self.client_id = int(self.conn.read_response())
+        if self.asking:
+            self.conn.send_command("ASKING")
+            self.conn.read_response()
         verb = "BZPOPMIN" if self.kind == "marker" else "BLPOP"
         self.conn.send_command(verb, self.key, self.beat_s)
         self.armed_at = time.monotonic()
+
+    def _route(self) -> None:
+        """On a cluster, (re)make the connection for the node that serves the key now."""
+        if not is_cluster(self.client):
+            return
+        if self.lost:
+            refresh(self.client)
+            self.lost = False
+        address = self.redirect[:2] if self.redirect else None
+        self.asking = bool(self.redirect and self.redirect[2])
+        self.conn = blocking_connection(self.client, self.key, self.beat_s + BLOCK_GRACE_S,
+                                        address)
+        self.redirect = None  # one connection only: afterwards the slot map decides again
 
     def fileno(self) -> int:
         """The socket to select on while armed."""
@@ -145,7 +170,13 @@ class Doorbell:
 
     def buffered(self) -> bool:
         """True when a reply is already in the parser's buffer (select would not see it)."""
-        return self.armed_at is not None and bool(self.conn._parser.can_read(0))
+        if self.armed_at is None:
+            return False
+        try:
+            return bool(self.conn._parser.can_read(0))
+        except (redis.exceptions.ConnectionError, OSError) as exc:
+            self.failed = exc  # collect() raises it, so the owner's error path handles it
+            return True
 
     def collect(self) -> bool:
         """Read the reply (call when readable): True for a ring of claimable work.
@@ -172,13 +203,39 @@ class Doorbell:
         return due
 
     def _read(self) -> Any:
+        """The outstanding call's reply; None when there is none (a timeout, or cancelled
+        since the socket was seen readable: nothing to read)."""
+        if self.failed is not None:
+            exc, self.failed = self.failed, None
+            self.reset()
+            self.lost = True
+            raise redis.exceptions.ConnectionError(str(exc)) from exc
+        if self.armed_at is None:
+            return None
         try:
             reply = self.conn.read_response()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
             self.reset()
+            self.lost = True
             raise
+        except (redis.exceptions.AskError, redis.exceptions.ClusterDownError,
+                redis.exceptions.TryAgainError) as exc:
+            self._redirected(exc)
+            # as a lost connection: the owner unregisters the closed socket and re-arms
+            raise redis.exceptions.ConnectionError(f"doorbell key served elsewhere: {exc}") \
+                from exc
         self.armed_at = None
         return reply
+
+    def _redirected(self, exc: redis.exceptions.ResponseError) -> None:
+        """The slot is served elsewhere (MOVED), is moving (ASK) or has no master yet."""
+        self.reset()
+        if isinstance(exc, redis.exceptions.AskError):  # MovedError is an AskError too
+            asking = not isinstance(exc, redis.exceptions.MovedError)
+            self.redirect = (exc.host, int(exc.port), asking)
+            learn_redirect(self.client, exc)
+        else:
+            self.lost = True
 
     def overdue(self) -> bool:
         """The reply is later than the block plus a grace: treat the connection as dead."""
@@ -207,7 +264,7 @@ class Doorbell:
         if self.armed_at is None:
             return
         try:
-            self.client.execute_command("CLIENT", "UNBLOCK", self.client_id, "TIMEOUT")
+            self._node_client().execute_command("CLIENT", "UNBLOCK", self.client_id, "TIMEOUT")
             reply = self._read()
             if reply is not None and self.kind == "marker":
                 _, member, score = reply
@@ -219,6 +276,15 @@ class Doorbell:
             self.reset()  # no permission for CLIENT UNBLOCK, or the server is gone
         except OSError:
             self.reset()
+
+    def _node_client(self) -> Any:
+        """A client of the node this connection is on: client ids are per node."""
+        if not is_cluster(self.client):
+            return self.client
+        node = self.client.get_node(host=self.conn.host, port=self.conn.port)
+        if node is None:
+            raise redis.exceptions.ConnectionError("doorbell node left the cluster")
+        return self.client.get_redis_connection(node)
 
     def put_back(self) -> None:
         """Marker kind: hand the schedule head the owner knows to the next waiter."""
@@ -235,6 +301,7 @@ class Doorbell:
         """Drop the connection; the next arm() reconnects and sends a fresh call."""
         self.armed_at = None
         self.client_id = None
+        self.failed = None
         try:
             self.conn.disconnect()
         except OSError:

@@ -178,7 +178,7 @@ class Arbiter:
     def _declare_queue(self, rt: QueueRuntime) -> None:
         """Load the scripts and write the queue's meta: a write, so it is also the probe
         that tells a server refusing writes from one taking them again."""
-        scripts.load_all(self.client)
+        scripts.load_all(self.client, Keys(rt.spec.name).prefix)
         durability = rt.settings.durability or "volatile"
         # "fold" is the scheduler's lease (lead.lua), not set here
         self.client.hset(Keys(rt.spec.name).meta, mapping={"durability": durability})
@@ -546,7 +546,7 @@ class Arbiter:
     def _queue_down(self, rt: QueueRuntime, now: float, exc: BaseException | None = None,
                     *, code: str | None = None, detail: str = "") -> None:
         """The server is unreachable or refuses writes: wait, then probe (see outage.py)."""
-        self._unregister_doorbell(rt)
+        self._unregister_doorbell(rt)  # its socket closes now: its fd may be reused at once
         rt.metronome.doorbell.reset()
         rt.metronome.retry_later(now, rt.availability.down(exc, code=code, detail=detail))
 

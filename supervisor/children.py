@@ -16,6 +16,7 @@ from echomq.supervisor.signals import sever
 from echomq.supervisor.worker import run_child
 
 from echomq.config import QueueSettings
+from echomq.connection import pools
 
 
 @dataclass
@@ -47,9 +48,9 @@ class Child:
 
 def sever_client(client: redis.Redis) -> None:
     """In a child: drop the parent's pooled Redis sockets without closing them for the parent."""
-    pool: Any = client.connection_pool
-    conns = list(getattr(pool, "_available_connections", [])) + list(
-        getattr(pool, "_in_use_connections", []))
+    conns = [c for pool in pools(client) for c in (
+        list(getattr(pool, "_available_connections", [])) + list(
+            getattr(pool, "_in_use_connections", [])))]
     for conn in conns:
         sever(getattr(conn, "_sock", None))
         conn._sock = None

@@ -36,9 +36,11 @@ from typing import Any
 
 import psutil
 from echomq.supervisor.drill_handler import LEDGER_ENV, NOTIFY_ENV, open_ledger
+from echomq.supervisor.localcluster import LocalCluster
 from echomq.supervisor.localredis import LocalRedis
 
 from echomq.errors import EchoMQError, FloorError
+from echomq.floor import Floor
 from echomq.queue import Queue
 
 CLI = [sys.executable, "-m", "echomq.supervisor.cli"]
@@ -87,10 +89,13 @@ class Producer(threading.Thread):
     """Admits the plan in paced batches; retries a batch (admit is idempotent per id) while
     the server is unreachable, and records when each job's admit returned."""
 
-    def __init__(self, redis_url: str, queue: str, plan: list[JobPlan]) -> None:
+    def __init__(self, redis_url: str, queue: str, plan: list[JobPlan],
+                 durability: str | None = None, floor_url: str | None = None) -> None:
         super().__init__(name="drill-producer", daemon=True)
+        # "sync": deferred jobs reach the floor before add_many returns, so it needs one
+        self.floor = Floor.from_url(floor_url) if floor_url else None
         self.queue = Queue(queue, redis_url=redis_url, max_attempts=MAX_ATTEMPTS,
-                           max_stalls=MAX_STALLS)
+                           max_stalls=MAX_STALLS, durability=durability, floor=self.floor)
         self.plan = plan
         self._admitted_at: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -109,6 +114,8 @@ class Producer(threading.Thread):
                 self._admit(self.plan[i:i + size])
         finally:
             self.queue.close()
+            if self.floor is not None:
+                self.floor.dispose()
 
     def admitted(self) -> dict[str, float]:
         """A copy of job id -> time its admit returned, safe to read while producing."""
@@ -340,7 +347,9 @@ class Harness:
         self.obs = Observation(scenario=scenario, floor=floor_url.split(":", 1)[0].split("+")[0],
                                queue=self.queue, seed=self.seed, plan=self.plan,
                                workdir=str(self.workdir))
-        self.redis = LocalRedis(workdir=str(self.workdir / "redis"))
+        # a cluster drill runs on a 3-master, 3-replica cluster; the others on one server
+        self.cluster = LocalCluster() if scenario.startswith("cluster") else None
+        self.redis: Any = self.cluster or LocalRedis(workdir=str(self.workdir / "redis"))
         self.supervisors: list[SupervisorProc] = []
         self.doorbell: Doorbell | None = None
         self.ledger: Ledger | None = None
@@ -354,6 +363,8 @@ class Harness:
         try:
             Path(self.redis.workdir).mkdir(parents=True, exist_ok=True)
             self.redis.start()
+            if self.cluster is not None:  # the drill kills this queue's master
+                self.cluster.enter_away_from(f"emq:{{{self.queue}}}:wake")
             self.ledger = Ledger(self.workdir / "ledger.db")
             self.doorbell = Doorbell(self.workdir / "notify.sock")
             self.migrate()
@@ -412,7 +423,10 @@ class Harness:
         return self.supervisors[-1]
 
     def start_producer(self) -> Producer:
-        self.producer = Producer(self.redis.url, self.queue, self.plan)
+        # on a cluster, admits wait for a replica (durability "sync"): a failover loses none
+        sync = self.cluster is not None
+        self.producer = Producer(self.redis.url, self.queue, self.plan,
+                                 "sync" if sync else None, self.floor_url if sync else None)
         self.producer.start()
         return self.producer
 

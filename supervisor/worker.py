@@ -89,7 +89,8 @@ class Worker:
         for sig in (signal.SIGCHLD, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
         try:
-            scripts.load_all(self.client)  # an early load only: scripts also load on first use
+            # an early load only: scripts also load on first use
+            scripts.load_all(self.client, self.lanes.keys.prefix)
         except UNAVAILABLE_ERRORS as exc:
             log.info("queue %s: scripts not loaded at start (%s); loading on first use",
                      self.queue, exc)

@@ -1,0 +1,186 @@
+"""EchoMQ on a real Valkey Cluster: 3 masters, 3 replicas, queues on every master."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+import redis
+from echomq.supervisor.localcluster import LocalCluster
+from redis.cluster import RedisCluster
+
+import echomq
+from echomq import connection, scripts
+from echomq.connection import connect, slot_of
+from echomq.keys import Keys
+from echomq.wake import Doorbell
+
+from .conftest import Supervisor, spread_queues, wait_until
+
+QUEUES = 30
+
+
+def _done(r: redis.Redis, queue: str) -> Counter[str]:
+    return Counter(x.decode() for x in r.lrange(f"ledger:{queue}:done", 0, -1))
+
+
+def test_any_node_url_gives_a_cluster_client(cluster: LocalCluster, redis_url: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    for node in cluster.nodes:
+        client = connect(node.url)
+        assert isinstance(client, RedisCluster)
+        assert len(client.get_primaries()) == 3
+        client.close()
+    assert type(connect(redis_url)) is redis.Redis
+    monkeypatch.setenv("ECHOMQ_CLUSTER", "0")
+    assert type(connect(cluster.url)) is redis.Redis
+    monkeypatch.setenv("ECHOMQ_CLUSTER", "1")
+    assert isinstance(connect(cluster.url), RedisCluster)
+
+
+def test_queues_spread_over_every_master(rc: RedisCluster) -> None:
+    names = spread_queues(rc, QUEUES)
+    owners = Counter(rc.get_node_from_key(Keys(n).wake).name for n in names)
+    assert len(owners) == 3 and set(owners.values()) == {QUEUES // 3}
+
+
+def test_one_supervisor_serves_thirty_queues_on_every_node(
+        cluster: LocalCluster, rc: RedisCluster, r: redis.Redis,
+        supervisor: Callable[..., Supervisor]) -> None:
+    names = spread_queues(rc, QUEUES)
+    sup = supervisor(cluster.url, names, "--beat-ms", "200", "--lease-ms", "5000")
+    sup.wait_for_log(r"consumer \d+ started", QUEUES)
+    expected: dict[str, set[str]] = {}
+    retried_ids: dict[str, str] = {}
+    by_queue = {n: [("now", {}) for _ in range(5)] for n in names}
+    ids = echomq.add_many(by_queue, redis=rc)  # admit: one pipeline over every node
+    for n in names:
+        q = echomq.Queue(n, redis=rc)
+        later = q.add("later", {}, delay=0.3)  # schedule
+        retried = q.add("retry", {"fail_first": True}, backoff=0.05)  # settle: retry
+        expected[n] = {*ids[n], later, retried}
+        retried_ids[n] = retried
+    queues = [echomq.Queue(n, redis=rc) for n in names]
+    # results: a waiter parks on the owning node until the retried job settles
+    for q in queues:
+        assert q.result(retried_ids[q.name], timeout=60) == "ok", q.name
+    wait_until(lambda: all(q.counts()["completed"] == 7 for q in queues), 90,
+               "every job of every queue to complete")
+    # pause, cancel, resume on every queue: a job cancelled while paused never runs,
+    # the one added while paused runs after the resume
+    cancelled: dict[str, str] = {}
+    for q in queues:
+        assert q.pause() is True and q.stats()["paused"] is True, q.name
+        cancelled[q.name] = q.add("held", {})
+        assert q.cancel(cancelled[q.name]) is True, q.name
+        expected[q.name].add(q.add("after", {}))
+    for q in queues:
+        assert q.get(cancelled[q.name]).state == "cancelled", q.name  # type: ignore[union-attr]
+        assert q.resume() is True, q.name
+    wait_until(lambda: all(q.counts()["completed"] == 8 for q in queues), 90,
+               "every queue's job added while paused to complete after the resume")
+    for n in names:
+        assert _done(r, n) == Counter({job_id: 1 for job_id in expected[n]}), n
+        counts = echomq.Queue(n, redis=rc).counts()
+        assert counts == {"waiting": 0, "scheduled": 0, "active": 0, "completed": 8,
+                          "dead": 0, "cancelled": 1}, n
+    assert sup.stop() == 0, sup.log[-3000:]
+
+
+def test_add_many_across_queues_groups_by_slot(rc: RedisCluster) -> None:
+    names = spread_queues(rc, 6)
+    jobs = {n: [("j", {"i": i}) for i in range(4)] for n in names}
+    ids = echomq.add_many(jobs, redis=rc)
+    assert {n: len(v) for n, v in ids.items()} == {n: 4 for n in names}
+    for n in names:
+        assert echomq.Queue(n, redis=rc).counts()["waiting"] == 4
+    with pytest.raises(echomq.PayloadError):  # one bad job: nothing of any queue is sent
+        echomq.add_many({names[0]: [("ok", {})], names[1]: [("bad", {1, 2})]}, redis=rc)
+    assert echomq.Queue(names[0], redis=rc).counts()["waiting"] == 4
+
+
+def test_scripts_are_reloaded_on_the_owning_node(cluster: LocalCluster,
+                                                 rc: RedisCluster) -> None:
+    [name] = spread_queues(rc, 1)
+    q = echomq.Queue(name, redis=rc)
+    owner = cluster.master_of(q.keys.wake)
+    node = cluster.client(owner)
+    node.script_flush()
+    assert node.script_exists(scripts.ADMIT.sha) == [False]
+    q.add("a", {})
+    assert node.script_exists(scripts.ADMIT.sha) == [True]
+    ran: list[str] = []
+    echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+    assert len(ran) == 1
+
+
+def test_sync_admit_is_on_a_replica_when_add_returns(cluster: LocalCluster,
+                                                     rc: RedisCluster) -> None:
+    [name] = spread_queues(rc, 1)
+    q = echomq.Queue(name, redis=rc, durability="sync")
+    replica = cluster.client(cluster.replica_of(cluster.master_of(q.keys.wake)))
+    replica.execute_command("READONLY")
+    for i in range(20):
+        job_id = q.add("j", {"i": i})
+        assert replica.hget(q.keys.job(job_id), "state") == b"waiting"
+
+
+def test_doorbell_parks_on_the_owning_node(cluster: LocalCluster, rc: RedisCluster) -> None:
+    names = spread_queues(rc, 3)
+    for name in names:
+        k = Keys(name)
+        bell = Doorbell(rc, k.wake, beat_s=30)
+        bell.arm()
+        assert bell.conn.port == cluster.master_of(k.wake).port
+        rc.lpush(k.wake, "1")
+        rung, _ = bell.wait(10)
+        assert rung
+        bell.close()
+
+
+def test_slot_migration_while_draining_loses_nothing_and_runs_nothing_twice(
+        cluster: LocalCluster, rc: RedisCluster) -> None:
+    [name] = spread_queues(rc, 1)
+    q = echomq.Queue(name, redis=rc)
+    ids = q.add_many([("j", {"i": i}) for i in range(300)])
+    ran: list[str] = []
+    lock = threading.Lock()
+    moved = threading.Event()
+
+    def handle(job: echomq.Job) -> None:
+        with lock:
+            ran.append(job.id)
+        if len(ran) == 100:
+            moved.wait(30)  # the slot moves while this consumer holds a leased job
+
+    consumer = echomq.Consumer(q.name, handle, redis_url=cluster.url, beat_ms=200,
+                               claim_batch=4)
+    worker = threading.Thread(target=consumer.run, daemon=True)
+    worker.start()
+    wait_until(lambda: len(ran) >= 100, 60, "the drain to be under way")
+    slot = slot_of(q.keys.prefix)
+    source = cluster.owner(slot)
+    target = next(n for n in (cluster.owner(0), cluster.owner(16383), cluster.owner(8000))
+                  if n is not source)
+    assert cluster.begin_move(slot, target) > 0
+    # the slot is still the source's, which holds none of its keys now: a read is
+    # answered with ASK and served by the target
+    src = cluster.client(source)
+    assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    assert cluster.owner(slot) is source
+    job = q.get(ids[-1])
+    assert job is not None and job.state == "waiting"
+    cluster.finish_move(slot, target)
+    moved.set()
+    assert cluster.owner(slot) is target
+    q.add_many([("late", {"i": i}, {"job_id": f"late-{i}"}) for i in range(20)])
+    wait_until(lambda: len(ran) >= 320, 60, "the drain to finish on the new owner")
+    consumer.stop()
+    worker.join(10)
+    assert Counter(ran) == Counter({job_id: 1 for job_id in
+                                    [*ids, *(f"late-{i}" for i in range(20))]})
+    assert q.counts()["completed"] == 320
+    assert connection.node_client(rc, q.keys.wake).connection_pool.connection_kwargs[
+        "port"] == target.port
