@@ -121,7 +121,7 @@ class LocalCluster:
                     return
             except (redis.exceptions.RedisError, OSError) as exc:
                 last = str(exc)
-            time.sleep(0.05)
+            time.sleep(0.05)  # no event announces a settled cluster (see the docstring)
         raise RuntimeError(f"cluster not ok after {timeout}s {last}")
 
     def _settled(self) -> bool:
