@@ -336,7 +336,7 @@ def test_sync_dial_writes_a_retry_to_the_floor_at_once(
     job_id = q.add("x", {"fail_first": True}, backoff=600)
     floor = Floor.from_url(floor_url)
     wait_until(lambda: q.get(job_id).state == "scheduled", 5, "the retry")  # type: ignore[union-attr]
-    wait_until(lambda: floor.count(queue_name) == 1, 2, "the retry's floor row")
+    wait_until(lambda: floor.count(queue_name) == 1, 6, "the retry's floor row")
     [row] = floor.open_rows(queue_name, None, 5)
     assert row.job_id == job_id and row.fields["attempts"] == "1"
     floor.dispose()
