@@ -55,6 +55,23 @@ def _primary_port(sentinel_port: int) -> int | None:
     return int(addr[1]) if addr else None
 
 
+def _sentinel_knows_the_replica(sentinel_port: int, replica_port: int) -> bool:
+    """Sentinel lists the replica as healthy: only then can it fail over to it (it
+    learns replicas from the primary's INFO, which it reads every 10 s)."""
+    try:
+        replicas = redis.Redis(port=sentinel_port, socket_timeout=2, decode_responses=True
+                               ).execute_command("SENTINEL", "REPLICAS", SERVICE)
+    except redis.exceptions.ConnectionError:
+        return False
+    for entry in replicas:
+        fields = dict(zip(entry[::2], entry[1::2])) if isinstance(entry, list) else entry
+        if (int(fields.get("port", 0)) == replica_port
+                and fields.get("master-link-status") == "ok"
+                and "disconnected" not in fields.get("flags", "")):
+            return True
+    return False
+
+
 def _answers(q: echomq.Queue) -> bool:
     try:
         q.ping()
@@ -80,6 +97,8 @@ def test_supervisor_and_producer_follow_a_sentinel_failover(
     before = [q.add("x", {}) for _ in range(5)]
     wait_until(lambda: set(before) <= _done(r, queue_name), 20, "jobs before the failover")
 
+    wait_until(lambda: _sentinel_knows_the_replica(sentinel_port, replica.port), 30,
+               "Sentinel to list the replica as a failover candidate")
     primary.kill()
     wait_until(lambda: _primary_port(sentinel_port) == replica.port, 30, "the failover")
     # until Sentinel has seen the new primary report its role, clients get a clear
