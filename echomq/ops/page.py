@@ -36,6 +36,7 @@ form{display:inline;margin:0}button{font:inherit;padding:2px 10px;cursor:pointer
 
 
 def esc(value: Any) -> str:
+    """HTML-escape a value for text or an attribute (non-strings as JSON; None as empty)."""
     if value is None:
         return ""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
@@ -44,16 +45,19 @@ def esc(value: Any) -> str:
 
 
 def when(ms: int | None) -> str:
+    """A millisecond timestamp as UTC `YYYY-MM-DD HH:MM:SS` (empty for 0 or None)."""
     if not ms:
         return ""
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def link(**params: str) -> str:
+    """A link to the page with these query parameters."""
     return "/?" + urlencode(params)
 
 
 def action_form(token: str, action: str, label: str, queue: str, job: str = "") -> str:
+    """A POST form with one button for a dashboard action, carrying the form token."""
     fields = {"action": action, "queue": queue, "token": token}
     if job:
         fields["job"] = job
@@ -67,6 +71,7 @@ COUNTS = ("waiting", "scheduled", "active", "completed", "dead", "cancelled")
 
 
 def queues_table(rows: Sequence[dict[str, Any]], token: str | None) -> str:
+    """The table of every queue's counts and state (with pause/resume buttons given a token)."""
     if not rows:
         return '<section id="queues"><h2>Queues</h2><p class="muted">no queues yet</p></section>'
     head = "".join(f"<th>{c}</th>" for c in ("queue", *COUNTS, "state"))
@@ -123,6 +128,7 @@ def chart(rates: Sequence[tuple[float, float, float]], width: int = 720, height:
 
 def queue_detail(s: dict[str, Any], rates: Sequence[tuple[float, float, float]],
                  dead: Sequence[Any], token: str | None) -> str:
+    """One queue's section: counts, throughput chart, busiest lanes and dead jobs."""
     name = s["queue"]
     state = "paused" if s["paused"] else "running"
     lanes = "".join(f'<tr><td>{esc(x["lane"])}</td><td class="n">{x["waiting"]}</td></tr>'
@@ -159,6 +165,7 @@ def queue_detail(s: dict[str, Any], rates: Sequence[tuple[float, float, float]],
 
 
 def job_detail(queue: str, job: Any, token: str | None) -> str:
+    """One job's section: its fields, error text and, given a token, a retry button."""
     if job is None:
         return '<section id="job"><h2>Job</h2><p class="muted">no such job</p></section>'
     rows = []
@@ -183,6 +190,7 @@ def job_detail(queue: str, job: Any, token: str | None) -> str:
 
 
 def page(where: str, allow_actions: bool, body: str, refresh: bool, notice: str = "") -> str:
+    """The whole HTML page around ``body``: style, mode banner and optional auto-refresh."""
     mode = "actions allowed" if allow_actions else "read-only"
     meta = '<meta http-equiv="refresh" content="10">' if refresh else ""
     note = f'<section id="notice">{esc(notice)}</section>' if notice else ""
