@@ -163,6 +163,7 @@ class Queue:
             return await wait(self._waiters, self.keys, job_id, timeout)
 
     async def close(self) -> None:
+        """Close this queue's connections (and its pool, when the queue made it)."""
         await self.redis.aclose()
         if self._owns_pool:
             await self.redis.connection_pool.disconnect()
