@@ -255,3 +255,18 @@ def test_released_jobs_go_back_to_the_lane_head_in_their_order(
     batch = lanes.claim(4)
     assert lanes.release([(c.id, c.token) for c in batch], "unstarted") == (4, 0)
     assert [c.payload_text for c in lanes.claim(6)] == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_restore_leaves_a_job_in_valkey_alone(redis_url: str, queue_name: str,
+                                              r: redis.Redis) -> None:
+    # a second replica re-applying the floor rows of an interrupted rehydration must not
+    # reset a job that is already back and running: it would run twice
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", {"n": 1})
+    (claimed,) = _lanes(q).claim(1)
+    args = [q.keys.prefix, "rehydrate", job_id, 0, 2, "name", "x", "payload", '{"n":1}']
+    assert scripts.RESTORE(r, [q.keys.schedule, q.keys.wake, q.keys.spilled], args) == [0]
+    job = q.get(job_id)
+    assert job is not None and job.state == "active"
+    assert r.hget(q.keys.job(job_id), "token").decode() == claimed.token
+    assert r.zscore(q.keys.schedule, job_id) is None
