@@ -244,6 +244,14 @@ class Queue:
                                    scripts.counts_args(self.keys))
         return SyncQueue._counts_of([int(v) for v in values])
 
+    async def cancel(self, job_id: str) -> bool:
+        """Cancel a waiting or scheduled job; see :meth:`echomq.Queue.cancel`."""
+        validate_job_id(job_id)
+        with translated(self.where):
+            answer = await evalsha(self.redis, scripts.CANCEL, scripts.cancel_keys(self.keys),
+                                   scripts.cancel_args(self.keys, job_id))
+        return scripts.Cancelled(int(answer)) is scripts.Cancelled.CANCELLED
+
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for the job's return value; see :meth:`echomq.Queue.result`."""
         with translated(self.where):

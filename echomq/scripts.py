@@ -95,7 +95,7 @@ AWAIT = LuaScript("await", 2)
 PROGRESS = LuaScript("progress", 1)
 PAUSE = LuaScript("pause", 1)
 RESUME = LuaScript("resume", 3)
-CANCEL = LuaScript("cancel", 6)
+CANCEL = LuaScript("cancel", 7)
 JOBS = LuaScript("jobs", 2)
 PURGE = LuaScript("purge", 1)
 SURVEY = LuaScript("survey", 1)
@@ -283,8 +283,17 @@ def resume(client: redis.Redis, k: Keys) -> bool:
 
 
 def cancel(client: redis.Redis, k: Keys, job_id: str) -> Cancelled:
-    keys = [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats]
-    return Cancelled(int(CANCEL(client, keys, [k.prefix, job_id])))
+    return Cancelled(int(CANCEL(client, cancel_keys(k), cancel_args(k, job_id))))
+
+
+def cancel_keys(k: Keys) -> list[str]:
+    """KEYS of cancel.lua (shared by the sync and the asyncio producer)."""
+    return [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats, k.spilled]
+
+
+def cancel_args(k: Keys, job_id: str) -> list[Arg]:
+    """ARGV of cancel.lua."""
+    return [k.prefix, job_id]
 
 
 def state_source(k: Keys, state: str) -> str:
