@@ -99,8 +99,10 @@ CANCEL = LuaScript("cancel", 7)
 JOBS = LuaScript("jobs", 2)
 PURGE = LuaScript("purge", 1)
 SURVEY = LuaScript("survey", 1)
+BACKFILL = LuaScript("backfill", 1)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY)
+       RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY,
+       BACKFILL)
 
 
 def load_all(client: redis.Redis, key: str | None = None) -> None:

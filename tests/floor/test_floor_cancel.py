@@ -1,4 +1,5 @@
-"""Cancelling a scheduled job that was folded onto the floor drops its floor row too."""
+"""Cancelling a scheduled job that was folded onto the floor (or spilled to it) drops its
+floor row too."""
 
 from __future__ import annotations
 
@@ -83,8 +84,16 @@ def test_a_cancelled_spilled_job_is_counted_closed_and_never_restored(
         stats = q.stats()
         assert (stats["scheduled"], stats["spilled"], stats["cancelled"]) == (0, 0, 1)
         assert [j.id for j in q.jobs("cancelled")] == [far]
+        stub = q.get(far)
+        assert stub is not None and (stub.state, stub.name) == ("cancelled", "(unknown)")
         _tick(sched)
         assert floor.open_rows(queue_name, None, 10) == []  # its floor row is closed
+        # ... once its fields, kept by the floor, were copied into the cancelled hash
+        job = q.get(far)
+        assert job is not None
+        assert (job.state, job.name, job.payload, job.error) == (
+            "cancelled", "x", {"far": True}, "cancelled")
+        assert not client.hexists(q.keys.job(far), "spilled")
         q.add("x", 2, delay=7 * 86_400)  # another spilled job, so a restore pass has work
         _tick(sched)
         assert _restore_everything(sched, floor, queue_name) == 1
@@ -141,6 +150,7 @@ def test_a_purged_cancelled_spilled_job_is_still_never_restored(
         assert q.stats()["scheduled"] == 0
         _tick(sched)
         assert floor.open_rows(queue_name, None, 10) == []
+        assert q.get(far) is None  # the close did not bring the purged hash back
     finally:
         sched.close()
         client.close()
