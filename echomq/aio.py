@@ -63,7 +63,11 @@ def client_from_url(url: str, **options: Any) -> redis.asyncio.Redis:
 
 
 class Queue:
-    """A named queue, for asyncio code. ``Queue("emails", redis_url=...)`` or ``redis=client``."""
+    """A named queue, for asyncio code. ``Queue("emails", redis_url=...)`` or ``redis=client``.
+
+    ``floor=echomq.floor.Floor.from_url(URL)``: needed to add deferred jobs to a queue
+    whose durability dial is "sync" (see :meth:`echomq.Queue.add`).
+    """
 
     def __init__(
         self,
