@@ -9,6 +9,14 @@ so 100 producers on one loop cost about one round trip per batch, not one
 each; a lone ``add`` still costs a single round trip. Commands share a
 bounded pool; each result waiter parks on a connection of its own from a
 second pool.
+
+The durability dial is honoured as :class:`echomq.Queue` honours it: on a "sync"
+queue a deferred job's row is on the floor before its ``add`` returns, and a
+producer without a floor refuses before admitting. The floor is SQLAlchemy's
+sync engine, shared with the sync producer; its write runs on a worker thread
+(``asyncio.to_thread``), once per coalesced batch, so the loop never blocks on
+SQL and the floor keeps one code path (no async driver to install or to keep in
+step with the sync one's statement and timeout settings).
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.connection import DEFAULT_URL, redact_url, translated
 from echomq.errors import ConnectionFailed, JobFailed, JobNotFound
-from echomq.job import STATES, Job
-from echomq.keys import validate_job_id
+from echomq.job import Job
+from echomq.keys import REGISTRY, validate_job_id
 from echomq.queue import Queue as SyncQueue
+from echomq.queue import deferred_ids, has_deferred
 
 COMMAND_CONNECTIONS = 32  # a bounded pool for commands
 ADMIT_COALESCE = 500  # at most this many concurrent adds per admit round trip
@@ -54,7 +63,11 @@ def client_from_url(url: str, **options: Any) -> redis.asyncio.Redis:
 
 
 class Queue:
-    """A named queue, for asyncio code. ``Queue("emails", redis_url=...)`` or ``redis=client``."""
+    """A named queue, for asyncio code. ``Queue("emails", redis_url=...)`` or ``redis=client``.
+
+    ``floor=echomq.floor.Floor.from_url(URL)``: needed to add deferred jobs to a queue
+    whose durability dial is "sync" (see :meth:`echomq.Queue.add`).
+    """
 
     def __init__(
         self,
@@ -63,9 +76,14 @@ class Queue:
         *,
         redis: redis.asyncio.Redis | None = None,
         settings: QueueSettings | None = None,
+        floor: Any = None,
         **overrides: Any,
     ) -> None:
-        self._plan = SyncQueue(name, redis=_PLANNER_CLIENT, settings=settings, **overrides)
+        # an echomq.floor.Floor: when the queue's dial is "sync", add() writes deferred
+        # jobs to it before returning (as echomq.Queue does)
+        self._plan = SyncQueue(name, redis=_PLANNER_CLIENT, settings=settings, floor=floor,
+                               **overrides)
+        self.floor = floor
         self.name = self._plan.name
         self.keys = self._plan.keys
         self.settings = self._plan.settings
@@ -81,8 +99,11 @@ class Queue:
         pool = self.redis.connection_pool
         # waiters park on connections of their own, never holding a command connection
         self._waiters = redis_asyncio_pool(pool)
-        self._pending: list[tuple[Spec, asyncio.Future[None]]] = []
+        self._pending: list[tuple[Spec, bool, asyncio.Future[None]]] = []
         self._admitting: asyncio.Task[None] | None = None
+        self._dial_reading: asyncio.Task[None] | None = None
+        self._writing: set[asyncio.Task[None]] = set()  # floor writes under way
+        self._registered = False
 
     def __repr__(self) -> str:
         return f"aio.Queue({self.name!r}, {self.where})"
@@ -104,44 +125,114 @@ class Queue:
         """Admit one job and return its id; see :meth:`echomq.Queue.add`."""
         spec = self._plan._spec(name, payload, lane, delay, run_at, job_id, max_attempts,
                                 backoff, timeout, dedup_s)
+        sync = await self._floor_sync([spec])
         done = asyncio.get_running_loop().create_future()
-        self._pending.append((spec, done))
+        self._pending.append((spec, sync, done))
         if self._admitting is None:
             self._admitting = asyncio.create_task(self._admit_pending())
         await done
         return spec[0]
 
     async def _admit_pending(self) -> None:
-        """Admit what add() queued, batch after batch, until nothing is left."""
+        """Admit what add() queued, batch after batch, until nothing is left. The adds of
+        a batch whose jobs must reach the floor are answered once the floor holds them."""
         try:
             while self._pending:
                 batch = self._pending[:ADMIT_COALESCE]
                 del self._pending[:len(batch)]
                 try:
-                    calls = self._plan._calls([s for s, _ in batch])
+                    calls = self._plan._calls([s for s, _, _ in batch])
+                    await self._register()
                     with translated(self.where):
                         if len(calls) == 1:
                             await evalsha(self.redis, *calls[0])
                         else:
                             await execute(self.redis, calls)
                 except Exception as exc:
-                    for _, done in batch:
+                    for _, _, done in batch:
                         if not done.done():
                             done.set_exception(exc)
-                else:
-                    for _, done in batch:
-                        if not done.done():
-                            done.set_result(None)
+                    continue
+                for _, sync, done in batch:
+                    if not sync and not done.done():
+                        done.set_result(None)
+                synced = [(spec, done) for spec, sync, done in batch if sync]
+                if synced:  # off this loop, so the next batch's admit does not wait for SQL
+                    task = asyncio.create_task(self._answer_after_floor(synced))
+                    self._writing.add(task)
+                    task.add_done_callback(self._writing.discard)
         finally:
             self._admitting = None
+
+    async def _answer_after_floor(self, synced: list[tuple[Spec, asyncio.Future[None]]]
+                                  ) -> None:
+        """Write these admitted jobs through to the floor, then answer their adds."""
+        try:
+            await self._write_through([spec for spec, _ in synced])
+        except Exception as exc:
+            for _, done in synced:
+                if not done.done():
+                    done.set_exception(exc)
+        else:
+            for _, done in synced:
+                if not done.done():
+                    done.set_result(None)
 
     async def add_many(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[str]:
         """Admit many jobs in one round trip; see :meth:`echomq.Queue.add_many`."""
         specs = self._plan._specs(jobs)
         if specs:
+            sync = await self._floor_sync(specs)
+            await self._register()
             with translated(self.where):
                 await execute(self.redis, self._plan._calls(specs))
+            if sync:
+                await self._write_through(specs)
         return [s[0] for s in specs]
+
+    async def _floor_sync(self, specs: Sequence[Spec]) -> bool:
+        """The asyncio side of :meth:`echomq.Queue.floor_sync`: the dial is read from the
+        queue's meta at most every DIAL_TTL_S, by one read that concurrent adds share.
+
+        Raises:
+            ConfigError: the dial says "sync" and this producer has no floor.
+        """
+        if not has_deferred(specs):
+            return False  # only deferred jobs go to the floor: the dial is not even read
+        if self._plan.dial_stale():
+            if self._dial_reading is None:
+                self._dial_reading = asyncio.create_task(self._read_dial())
+            await asyncio.shield(self._dial_reading)  # a cancelled add leaves it to the rest
+        return self._plan.floor_sync(self._plan.dial())
+
+    async def _read_dial(self) -> None:
+        try:
+            with translated(self.where):
+                self._plan.note_dial(await self.redis.hget(self.keys.meta, "durability"))
+        finally:
+            self._dial_reading = None
+
+    async def _write_through(self, specs: Sequence[Spec]) -> None:
+        """Durability "sync": the admitted deferred jobs among ``specs``, read back from
+        Valkey as :func:`echomq.floor.writethrough.write_through` reads them, are on the
+        floor when this returns. The SQL runs on a worker thread."""
+        from echomq.floor.writethrough import scheduled_rows
+
+        ids = deferred_ids(specs)
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(self.keys.job(job_id))
+        with translated(self.where):
+            hashes = await pipe.execute()
+        rows = scheduled_rows(ids, hashes)
+        await asyncio.to_thread(self.floor.write_through, self.keys.queue, rows)
+
+    async def _register(self) -> None:
+        """Add this queue to the registry ``echomq queues`` reads (once per Queue)."""
+        if not self._registered:
+            with translated(self.where):
+                await self.redis.sadd(REGISTRY, self.name)
+            self._registered = True
 
     async def get(self, job_id: str) -> Job | None:
         """The job with this id, or None."""
@@ -155,7 +246,15 @@ class Queue:
         with translated(self.where):
             values = await evalsha(self.redis, scripts.COUNTS, scripts.counts_keys(self.keys),
                                    scripts.counts_args(self.keys))
-        return dict(zip(STATES, (int(v) for v in values[:len(STATES)]), strict=True))
+        return SyncQueue._counts_of([int(v) for v in values])
+
+    async def cancel(self, job_id: str) -> bool:
+        """Cancel a waiting or scheduled job; see :meth:`echomq.Queue.cancel`."""
+        validate_job_id(job_id)
+        with translated(self.where):
+            answer = await evalsha(self.redis, scripts.CANCEL, scripts.cancel_keys(self.keys),
+                                   scripts.cancel_args(self.keys, job_id))
+        return scripts.Cancelled(int(answer)) is scripts.Cancelled.CANCELLED
 
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for the job's return value; see :meth:`echomq.Queue.result`."""

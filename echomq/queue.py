@@ -192,20 +192,43 @@ class Queue:
         """The queue's durability dial: the one its supervisor recorded in the queue's meta,
         else this producer's own setting (None when neither says). The recorded dial is
         read at most every DIAL_TTL_S per Queue, so deferred adds keep one round trip."""
-        now = time.monotonic()
-        if self._dial_read is None or now - self._dial_read[0] > DIAL_TTL_S:
+        if self.dial_stale():
             with translated(self.where):
-                recorded = self.redis.hget(self.keys.meta, "durability")
-            text = recorded.decode() if isinstance(recorded, bytes) else recorded
-            self._dial_read = (now, text or None)
-        return self._dial_read[1] or self.settings.durability
+                self.note_dial(self.redis.hget(self.keys.meta, "durability"))
+        return self.dial()
+
+    def dial_stale(self) -> bool:
+        """True when the recorded dial must be read again from the queue's meta (never
+        read, or read over DIAL_TTL_S ago); :meth:`note_dial` records what was read."""
+        return self._dial_read is None or time.monotonic() - self._dial_read[0] > DIAL_TTL_S
+
+    def note_dial(self, recorded: bytes | str | None) -> None:
+        """Remember the meta's ``durability`` field as just read (None: not recorded)."""
+        text = recorded.decode() if isinstance(recorded, bytes) else recorded
+        self._dial_read = (time.monotonic(), text or None)
+
+    def dial(self) -> str | None:
+        """The dial as last read (see :meth:`_dial`), without reading it again."""
+        recorded = self._dial_read[1] if self._dial_read is not None else None
+        return recorded or self.settings.durability
 
     def _must_sync(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> bool:
         """True when these jobs include deferred ones and the dial says "sync"; a producer
         without a floor then refuses before admitting anything, rather than downgrade."""
-        if all(s[2] is None for s in specs):
-            return False  # only deferred jobs go to the floor
-        sync = "sync" in (self._dial(), self.settings.durability)
+        if not has_deferred(specs):
+            return False  # only deferred jobs go to the floor; the dial is not even read
+        return self.floor_sync(self._dial())
+
+    def floor_sync(self, dial: str | None) -> bool:
+        """Whether deferred jobs must reach the floor before the admit returns, for a queue
+        whose dial reads ``dial`` (this producer's own setting counts too). Shared by the
+        sync and the asyncio producer.
+
+        Raises:
+            ConfigError: the dial says "sync" and this producer has no floor (the caller
+                has admitted nothing yet).
+        """
+        sync = "sync" in (dial, self.settings.durability)
         if sync and self.floor is None:
             raise ConfigError(
                 f"queue {self.name!r} has durability 'sync': deferred jobs must reach the floor "
@@ -223,9 +246,8 @@ class Queue:
         """Durability "sync": deferred jobs are on the floor before add() returns."""
         from echomq.floor.writethrough import write_through
 
-        ids = [s[0] for s in specs if s[2] is not None]
         with translated(self.where):
-            write_through(self.redis, self.keys, self.floor, ids)
+            write_through(self.redis, self.keys, self.floor, deferred_ids(specs))
 
     def _spec(self, name: Any, payload: Any, lane: str | None, delay: float | None,
               run_at: datetime | None, job_id: str | None, max_attempts: int | None,
@@ -476,6 +498,16 @@ class Queue:
         self.redis.close()
         if self._waiters is not None:
             self._waiters.disconnect()
+
+
+def has_deferred(specs: Sequence[tuple[str, list[Any], int | None]]) -> bool:
+    """True when any of these validated jobs is deferred (has a due time)."""
+    return any(s[2] is not None for s in specs)
+
+
+def deferred_ids(specs: Sequence[tuple[str, list[Any], int | None]]) -> list[str]:
+    """The ids of the deferred jobs among these validated ones (those the floor takes)."""
+    return [s[0] for s in specs if s[2] is not None]
 
 
 def _timeout_ms(timeout: float | None) -> str:

@@ -95,12 +95,14 @@ AWAIT = LuaScript("await", 2)
 PROGRESS = LuaScript("progress", 1)
 PAUSE = LuaScript("pause", 1)
 RESUME = LuaScript("resume", 3)
-CANCEL = LuaScript("cancel", 6)
+CANCEL = LuaScript("cancel", 7)
 JOBS = LuaScript("jobs", 2)
 PURGE = LuaScript("purge", 1)
 SURVEY = LuaScript("survey", 1)
+BACKFILL = LuaScript("backfill", 1)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY)
+       RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY,
+       BACKFILL)
 
 
 def load_all(client: redis.Redis, key: str | None = None) -> None:
@@ -289,9 +291,18 @@ def resume(client: redis.Redis, k: Keys) -> bool:
 
 
 def cancel(client: redis.Redis, k: Keys, job_id: str) -> Cancelled:
-    """Cancel a waiting or scheduled job; the code says what happened."""
-    keys = [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats]
-    return Cancelled(int(CANCEL(client, keys, [k.prefix, job_id])))
+    """Cancel a waiting, scheduled or spilled job; the code says what happened."""
+    return Cancelled(int(CANCEL(client, cancel_keys(k), cancel_args(k, job_id))))
+
+
+def cancel_keys(k: Keys) -> list[str]:
+    """KEYS of cancel.lua (shared by the sync and the asyncio producer)."""
+    return [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats, k.spilled]
+
+
+def cancel_args(k: Keys, job_id: str) -> list[Arg]:
+    """ARGV of cancel.lua."""
+    return [k.prefix, job_id]
 
 
 def state_source(k: Keys, state: str) -> str:

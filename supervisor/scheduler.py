@@ -325,10 +325,30 @@ class Scheduler:
             if not raw:
                 return
             assert self.fence is not None
-            self.closed += self.floor.close_jobs(self.queue, [_text(x) for x in raw], self.fence)
+            ids = [_text(x) for x in raw]
+            self._backfill(ids)
+            self.closed += self.floor.close_jobs(self.queue, ids, self.fence)
             self.client.ltrim(self.keys.closed, len(raw), -1)
             if len(raw) < BATCH or self._over_budget():
                 return
+
+    def _backfill(self, ids: Sequence[str]) -> None:
+        """Jobs cancelled while spilled hold a small hash: copy their floor rows' fields in
+        before the rows go (backfill.lua keeps the cancel's own fields)."""
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(self.keys.job(job_id), "spilled")
+        marked = [job_id for job_id, flag in zip(ids, pipe.execute(), strict=True) if flag]
+        if not marked:
+            return
+        args: list[Any] = [self.keys.prefix]
+        for row in self.floor.rows(self.queue, marked):
+            if row.error is None:
+                args += [row.job_id, len(row.fields)]
+                for k, v in row.fields.items():
+                    args += [k, v]
+        if len(args) > 1:
+            scripts.BACKFILL(self.client, [self.keys.cancelled], args)
 
     def _spill(self, server_now: int) -> None:
         """Move jobs due beyond the horizon out of Valkey memory, floor first."""

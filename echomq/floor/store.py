@@ -256,6 +256,18 @@ class Floor:
             return [_row(job_id, due_ms, fields, bool(spilled))
                     for job_id, due_ms, fields, spilled in conn.execute(stmt)]
 
+    def rows(self, queue: str, job_ids: Iterable[str]) -> list[FloorRow]:
+        """The rows of these jobs that are on the floor (any order; absent ids are left out)."""
+        ids = _unique(job_ids)
+        found: list[FloorRow] = []
+        with self._guard("rows"), self._engine.connect() as conn:
+            for chunk in _chunks(ids):
+                stmt = select(jobs.c.job_id, jobs.c.due_ms, jobs.c.fields, jobs.c.spilled).where(
+                    jobs.c.queue == queue, jobs.c.job_id.in_(chunk))
+                found += [_row(job_id, due_ms, fields, bool(spilled))
+                          for job_id, due_ms, fields, spilled in conn.execute(stmt)]
+        return found
+
     def count(self, queue: str, spilled: bool | None = None) -> int:
         """Rows of ``queue``; only spilled (or only unspilled) ones when ``spilled`` is given."""
         stmt = select(func.count()).select_from(jobs).where(jobs.c.queue == queue)

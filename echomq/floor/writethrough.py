@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
@@ -23,11 +23,23 @@ def write_through(client: redis.Redis, keys: Keys, floor: Floor, job_ids: Sequen
     pipe = client.pipeline(transaction=False)
     for job_id in job_ids:
         pipe.hgetall(keys.job(job_id))
-    rows = []
-    for job_id, raw in zip(job_ids, pipe.execute(), strict=True):
-        h: dict[str, Any] = {k.decode(): v.decode() for k, v in raw.items()}
-        due = h.get("due_ms") or ""
-        if h.get("state") == "scheduled" and due.isdigit():  # a malformed one: the scheduler's
-            rows.append(FloorRow(job_id=job_id, due_ms=int(due), fields=h))
+    rows = scheduled_rows(job_ids, pipe.execute())
     floor.write_through(keys.queue, rows)
     return len(rows)
+
+
+def scheduled_rows(job_ids: Sequence[str], hashes: Sequence[Mapping[Any, Any]]
+                   ) -> list[FloorRow]:
+    """Floor rows of the jobs whose hash (read by the caller, in ``job_ids``' order) is
+    still scheduled with a well-formed due time; a malformed one is the scheduler's."""
+    rows = []
+    for job_id, raw in zip(job_ids, hashes, strict=True):
+        h: dict[str, Any] = {_text(k): _text(v) for k, v in raw.items()}
+        due = h.get("due_ms") or ""
+        if h.get("state") == "scheduled" and due.isdigit():
+            rows.append(FloorRow(job_id=job_id, due_ms=int(due), fields=h))
+    return rows
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -10,6 +10,13 @@
   through the job's doorbell "done:<id>". The job hash, lane list and that
   doorbell are built inside.
 
+  A scheduled job spilled to the floor (no hash, its id in the spilled set)
+  leaves the spilled set, which is what fences it from a restore (restore.lua
+  brings a spilled job back only while its id is there), and gets a small hash
+  holding its id, the state and the reason (name "(unknown)", lane "default",
+  "spilled" 1: its other fields are on the floor); its id is always appended to
+  the closed log, so the scheduler drops its floor row.
+
   Input:
     KEYS[1] schedule   zset of deferred job ids by due time (ms)
     KEYS[2] ring       list of lanes with waiting jobs
@@ -17,6 +24,7 @@
     KEYS[4] meta       queue settings hash (field "fold": the scheduler's lease expiry, ms)
     KEYS[5] closed     list of ids whose floor rows to close
     KEYS[6] stats      counters (field "waiting": ids on the lanes)
+    KEYS[7] spilled    set of ids held by the floor alone
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] job id
 
@@ -30,7 +38,14 @@ local id = ARGV[2]
 local jk = prefix .. 'job:' .. id
 local f = redis.call('HMGET', jk, 'state', 'lane', 'deferred', 'waited')
 local state = f[1]
-if not state then return 0 end
+if not state then
+  if redis.call('SREM', KEYS[7], id) == 0 then return 0 end
+  redis.call('HSET', jk, 'id', id, 'name', '(unknown)', 'lane', 'default', 'state', 'cancelled',
+    'finished_ms', now, 'error', 'cancelled', 'deferred', 1, 'spilled', 1)
+  redis.call('ZADD', KEYS[3], now, id)
+  redis.call('RPUSH', KEYS[5], id)  -- a spilled job means a floor, whatever the fold lease
+  return 1
+end
 if state == 'active' then return 2 end
 if state == 'waiting' then
   local lk = prefix .. 'lane:' .. f[2]

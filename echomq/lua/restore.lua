@@ -1,9 +1,11 @@
 --[[
   restore: bring jobs from the floor back into the schedule set.
 
-  Used for spilled jobs coming within the horizon and for rehydration after
-  Valkey lost its data. Idempotent: a job whose hash exists is left alone
-  (it is already in Valkey), and the schedule entry is added with NX. A
+  Used for spilled jobs coming within the horizon (mode "spilled") and for
+  rehydration after Valkey lost its data (mode "all"). Idempotent: a job whose
+  hash exists is left alone (it is already in Valkey), and the schedule entry
+  is added with NX. In mode "spilled" a job comes back only while its id is in
+  the spilled set: one cancelled meanwhile has left it, and stays cancelled. A
   restored id leaves the spilled set. A
   restored job is "scheduled" at the given score; due ones are promoted by
   the next beat. Rings the doorbell when a restored job became the head.
@@ -12,11 +14,12 @@
   Input:
     KEYS[1] schedule  KEYS[2] wake  KEYS[3] spilled (set of ids held by the floor alone)
     ARGV[1] key prefix "emq:{q}:"
-    ARGV[2] unused (kept for the argument layout)
+    ARGV[2] mode: "spilled" (only ids in the spilled set) or "all" (rehydration)
     ARGV[3..] per job: id, score (ms), field count n, then n field/value pairs
 
   Output:
-    an array with one integer per job: 1 restored, 0 already in Valkey
+    an array with one integer per job: 1 restored, 0 already in Valkey (or, mode
+    "spilled", no longer spilled: cancelled meanwhile)
 ]]
 local prefix = ARGV[1]
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -30,7 +33,8 @@ while i <= #ARGV do
   local score = tonumber(ARGV[i + 1])
   local n = tonumber(ARGV[i + 2])
   local jk = prefix .. 'job:' .. id
-  if redis.call('EXISTS', jk) == 0 then
+  if redis.call('EXISTS', jk) == 0
+      and (ARGV[2] ~= 'spilled' or redis.call('SISMEMBER', KEYS[3], id) == 1) then
     for f = 0, n - 1 do
       redis.call('HSET', jk, ARGV[i + 3 + f * 2], ARGV[i + 4 + f * 2])
     end

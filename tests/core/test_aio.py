@@ -114,8 +114,16 @@ def scenario_result(d: Sync | Async, r: redis.Redis) -> Any:
             _outcome(lambda: d.call("result", "nope", timeout=0.1))]
 
 
-SCENARIOS = {"add": scenario_add, "add_many": scenario_add_many, "get": scenario_get,
-             "counts": scenario_counts, "result": scenario_result}
+def scenario_cancel(d: Sync | Async, r: redis.Redis) -> Any:
+    d.call("add", "x", 1, job_id="c1")
+    d.call("add", "x", 2, job_id="c2", delay=60)
+    answers = [d.call("cancel", "c1"), d.call("cancel", "c2"), d.call("cancel", "c1"),
+               d.call("cancel", "missing")]
+    return answers, _hashes(r, d, ["c1", "c2"]), d.call("counts")
+
+
+SCENARIOS = {"add": scenario_add, "add_many": scenario_add_many, "cancel": scenario_cancel,
+             "get": scenario_get, "counts": scenario_counts, "result": scenario_result}
 
 
 @pytest.mark.parametrize("method", sorted(SCENARIOS))

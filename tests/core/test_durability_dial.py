@@ -90,10 +90,6 @@ def test_a_running_producer_learns_a_new_dial_within_its_ttl(
         q.add("send", {}, delay=3600)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "echomq.aio.Queue never reads the durability dial: on a 'sync' queue its deferred add "
-    "returns before any floor holds the job (and without a floor it admits instead of "
-    "refusing), so the job is only as durable as the next fold"))
 def test_an_asyncio_producer_of_a_sync_queue_without_a_floor_fails_loudly(
         redis_url: str, queue_name: str) -> None:
     _supervisor_records(redis_url, queue_name, "sync", "sqlite:///unused.db")

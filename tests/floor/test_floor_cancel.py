@@ -1,8 +1,8 @@
-"""Cancelling a scheduled job that was folded onto the floor drops its floor row too."""
+"""Cancelling a scheduled job that was folded onto the floor (or spilled to it) drops its
+floor row too."""
 
 from __future__ import annotations
 
-import pytest
 import redis
 from echomq.supervisor.scheduler import Scheduler
 
@@ -37,10 +37,6 @@ def test_cancel_scheduled_job_closes_its_floor_row(floor: Floor, redis_url: str,
     client.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cancel.lua only knows jobs whose hash is in Valkey: a scheduled job spilled to the "
-    "floor (counted as scheduled) answers 'no such job', q.cancel returns False and the "
-    "scheduler restores and runs it later"))
 def test_cancel_a_spilled_scheduled_job_cancels_it(floor: Floor, redis_url: str,
                                                    queue_name: str) -> None:
     client = redis.Redis.from_url(redis_url)
@@ -55,6 +51,142 @@ def test_cancel_a_spilled_scheduled_job_cancels_it(floor: Floor, redis_url: str,
         assert q.cancel(far) is True
         job = q.get(far)
         assert job is not None and job.state == "cancelled"
+    finally:
+        sched.close()
+        client.close()
+
+
+def _spilled_job(client: redis.Redis, q: echomq.Queue, sched: Scheduler) -> str:
+    """A scheduled job a week away, spilled by the scheduler (held by the floor alone)."""
+    _tick(sched)
+    far = q.add("x", {"far": True}, delay=7 * 86_400)
+    _tick(sched)
+    assert client.sismember(q.keys.spilled, far) and not client.exists(q.keys.job(far))
+    return far
+
+
+def _restore_everything(sched: Scheduler, floor: Floor, queue: str) -> int:
+    """The scheduler's restore pass, with a window reaching past every due time."""
+    assert sched.fence is not None
+    return floor.restore_due(queue, 2**62, 100, sched.fence, sched._apply("spilled"))
+
+
+def test_a_cancelled_spilled_job_is_counted_closed_and_never_restored(
+        floor: Floor, redis_url: str, queue_name: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=client)
+    sched = Scheduler(queue_name, client, floor, beat_ms=100, horizon_s=60)
+    try:
+        far = _spilled_job(client, q, sched)
+        assert (q.stats()["scheduled"], q.stats()["spilled"]) == (1, 1)
+        assert q.cancel(far) is True
+        assert q.cancel(far) is False  # already finished: cancelled
+        stats = q.stats()
+        assert (stats["scheduled"], stats["spilled"], stats["cancelled"]) == (0, 0, 1)
+        assert [j.id for j in q.jobs("cancelled")] == [far]
+        stub = q.get(far)
+        assert stub is not None and (stub.state, stub.name) == ("cancelled", "(unknown)")
+        _tick(sched)
+        assert floor.open_rows(queue_name, None, 10) == []  # its floor row is closed
+        # ... once its fields, kept by the floor, were copied into the cancelled hash
+        job = q.get(far)
+        assert job is not None
+        assert (job.state, job.name, job.payload, job.error) == (
+            "cancelled", "x", {"far": True}, "cancelled")
+        assert not client.hexists(q.keys.job(far), "spilled")
+        q.add("x", 2, delay=7 * 86_400)  # another spilled job, so a restore pass has work
+        _tick(sched)
+        assert _restore_everything(sched, floor, queue_name) == 1
+        assert q.get(far).state == "cancelled"  # type: ignore[union-attr]
+        assert not client.zscore(q.keys.schedule, far)
+    finally:
+        sched.close()
+        client.close()
+
+
+def test_a_cancel_between_the_restore_read_and_its_script_wins(
+        floor: Floor, redis_url: str, queue_name: str) -> None:
+    """The restore has read the spilled row (its floor transaction is open) when the
+    cancel lands: the restore script, fenced by the spilled set, leaves the job alone."""
+    client = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=client)
+    sched = Scheduler(queue_name, client, floor, beat_ms=100, horizon_s=60)
+    try:
+        far = _spilled_job(client, q, sched)
+        real = sched._apply("spilled")
+        answers = []
+
+        def cancel_first(rows: list[echomq.floor.FloorRow]) -> None:
+            assert [r.job_id for r in rows] == [far]
+            answers.append(q.cancel(far))  # the race, forced: after the read, before restore
+            real(rows)
+
+        assert sched.fence is not None
+        floor.restore_due(queue_name, 2**62, 100, sched.fence, cancel_first)
+        assert answers == [True]
+        assert q.get(far).state == "cancelled"  # type: ignore[union-attr]
+        assert client.zscore(q.keys.schedule, far) is None
+        assert q.stats()["scheduled"] == 0
+        _tick(sched)
+        assert floor.open_rows(queue_name, None, 10) == []
+    finally:
+        sched.close()
+        client.close()
+
+
+def test_a_purged_cancelled_spilled_job_is_still_never_restored(
+        floor: Floor, redis_url: str, queue_name: str) -> None:
+    """The fence is the spilled set, not the cancelled hash: purging the hash before the
+    scheduler closes the floor row does not bring the job back."""
+    client = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=client)
+    sched = Scheduler(queue_name, client, floor, beat_ms=100, horizon_s=60)
+    try:
+        far = _spilled_job(client, q, sched)
+        assert q.cancel(far) is True
+        assert q.purge("cancelled") == 1
+        assert _restore_everything(sched, floor, queue_name) == 1  # read, then left alone
+        assert q.get(far) is None and client.zscore(q.keys.schedule, far) is None
+        assert q.stats()["scheduled"] == 0
+        _tick(sched)
+        assert floor.open_rows(queue_name, None, 10) == []
+        assert q.get(far) is None  # the close did not bring the purged hash back
+    finally:
+        sched.close()
+        client.close()
+
+
+def test_asyncio_and_cli_cancel_spilled_jobs(floor: Floor, redis_url: str,
+                                             queue_name: str) -> None:
+    import asyncio
+    import json
+    import subprocess
+    import sys
+
+    client = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=client)
+    sched = Scheduler(queue_name, client, floor, beat_ms=100, horizon_s=60)
+    try:
+        by_aio, by_cli = _spilled_job(client, q, sched), _spilled_job(client, q, sched)
+
+        async def cancel() -> bool:
+            aq = echomq.aio.Queue(queue_name, redis_url=redis_url)
+            try:
+                return await aq.cancel(by_aio)
+            finally:
+                await aq.close()
+
+        assert asyncio.run(cancel()) is True
+        proc = subprocess.run(
+            [sys.executable, "-m", "echomq.ops.cli", "--redis-url", redis_url, "cancel",
+             queue_name, by_cli, "--json"], capture_output=True, text=True, timeout=60,
+            stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["cancelled"] is True
+        assert {j.id for j in q.jobs("cancelled")} == {by_aio, by_cli}
+        assert (q.stats()["scheduled"], q.stats()["spilled"]) == (0, 0)
+        _tick(sched)
+        assert floor.open_rows(queue_name, None, 10) == []
     finally:
         sched.close()
         client.close()
