@@ -385,19 +385,61 @@ def _wait_replicas(client: Client, key: str, replicas: int, timeout_ms: int) -> 
 
 def connect_async(url: str | None = None, **options: Any) -> Any:
     """The asyncio client for ``url``: ``redis.asyncio.RedisCluster`` for a cluster node,
-    else ``redis.asyncio.Redis`` (detection as in :func:`connect`)."""
+    else ``redis.asyncio.Redis`` (detection as in :func:`connect`). Refusals (OOM,
+    READONLY...) raise the classes of :data:`REFUSALS` on both."""
     import redis.asyncio
-    import redis.asyncio.cluster
 
     url = url or DEFAULT_URL
     options.setdefault("socket_connect_timeout", 5.0)
     options.setdefault("socket_timeout", 10.0)
     try:
+        _tls_options(url, options)
         if cluster_mode(url, options):
-            return redis.asyncio.cluster.RedisCluster.from_url(_cluster_url(url), **options)
+            return async_cluster_from_url(url, **options)
+        options.setdefault("parser_class", AsyncRefusalParser)
         return redis.asyncio.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
+
+
+def async_cluster_from_url(url: str, **options: Any) -> Any:
+    """A ``redis.asyncio.RedisCluster`` for the cluster ``url``'s node belongs to, its
+    connections answering refusals with the classes of :data:`REFUSALS`.
+
+    Options are the cluster client's (timeouts, ``max_connections`` per node, TLS files);
+    the URL's ``/0`` path, if any, is dropped (a cluster has only database 0).
+    """
+    import redis.asyncio.cluster
+
+    options.pop("parser_class", None)  # the cluster client takes none: set below
+    try:
+        client = redis.asyncio.cluster.RedisCluster.from_url(_cluster_url(url), **options)
+    except redis.exceptions.RedisClusterException as exc:
+        raise ConnectionFailed(f"cannot use the cluster at {redact_url(url)}: {exc}") from exc
+    use_refusal_parser(client)
+    return client
+
+
+def use_refusal_parser(client: Any) -> None:
+    """Make an asyncio cluster client's connections (to nodes known now and found later)
+    parse with :class:`AsyncRefusalParser`; its constructor takes no parser class."""
+    client.connection_kwargs["parser_class"] = AsyncRefusalParser  # shared with its nodes manager
+    for node in client.startup_nodes:
+        node.connection_kwargs["parser_class"] = AsyncRefusalParser
+
+
+def is_async_cluster(client: object) -> bool:
+    """Whether ``client`` is a ``redis.asyncio.RedisCluster``."""
+    import redis.asyncio.cluster
+
+    return isinstance(client, redis.asyncio.cluster.RedisCluster)
+
+
+async def async_node_of(client: Any, key: str) -> Any:
+    """The ``ClusterNode`` owning ``key``'s slot, for an asyncio cluster client (its slot
+    map read first if it was not yet)."""
+    await client.initialize()  # a no-op once the slot map was read (lazily, on first use)
+    return client.get_node_from_key(key)
 
 
 @contextlib.contextmanager

@@ -282,9 +282,12 @@ def resume(client: redis.Redis, k: Keys) -> bool:
     return bool(RESUME(client, [k.paused, k.ring, k.wake], [k.prefix]))
 
 
+def cancel_keys(k: Keys) -> list[str]:
+    return [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats]
+
+
 def cancel(client: redis.Redis, k: Keys, job_id: str) -> Cancelled:
-    keys = [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats]
-    return Cancelled(int(CANCEL(client, keys, [k.prefix, job_id])))
+    return Cancelled(int(CANCEL(client, cancel_keys(k), [k.prefix, job_id])))
 
 
 def state_source(k: Keys, state: str) -> str:
