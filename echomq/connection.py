@@ -45,7 +45,8 @@ _QUERY_PASSWORD = re.compile(r"(?i)([?&;](?:password|pass|pwd)=)[^&;#]*")
 class ServerRefused(redis.exceptions.ResponseError):
     """The server answered but will not run writes for now: out of memory under
     ``noeviction``, a read-only replica after a failover, too few replicas, a failing
-    snapshot, a long script. Nothing was done; the same call can succeed later."""
+    snapshot, a long script, a cluster with a slot left without a master or a slot half
+    moved. Nothing was done; the same call can succeed later."""
 
     code = ""
 
@@ -74,9 +75,31 @@ class PrimaryDown(ServerRefused, redis.exceptions.MasterDownError):
     code = "MASTERDOWN"
 
 
+class ClusterDown(ServerRefused, redis.exceptions.ClusterDownError):
+    """A cluster node serves no key now: a slot has no master (a master and its replicas
+    are gone, or an election is under way) or the node lost the majority."""
+
+    code = "CLUSTERDOWN"
+
+
+class SlotMoving(ServerRefused, redis.exceptions.TryAgainError):
+    """A multi-key call met a slot half moved to another node; it can be sent again."""
+
+    code = "TRYAGAIN"
+
+
 REFUSALS: dict[str, type[ServerRefused]] = {
     cls.code: cls for cls in (OutOfMemory, ReadOnlyReplica, NoReplicas, PersistenceFailing,
-                              ServerBusy, PrimaryDown)}
+                              ServerBusy, PrimaryDown, ClusterDown, SlotMoving)}
+# redis-py's own classes for the same answers, as raised by clients it parses for
+_REDIS_PY_REFUSALS: tuple[tuple[type[BaseException], str], ...] = (
+    (redis.exceptions.OutOfMemoryError, "OOM"),
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+    (redis.exceptions.MasterDownError, "MASTERDOWN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+    (redis.exceptions.BusyLoadingError, "LOADING"),
+)
 # what a server that cannot take our writes now raises, reachable or not: wait, never crash
 # (redis-py's own classes too, for clients not built by client_from_url)
 UNAVAILABLE_ERRORS = (*NETWORK_ERRORS, ServerRefused, redis.exceptions.OutOfMemoryError,
@@ -96,13 +119,13 @@ class AsyncRefusalParser(AsyncDefaultParser):  # type: ignore[misc,valid-type]
 
 
 def refusal_code(exc: BaseException) -> str | None:
-    """The server's error code when ``exc`` is a refusal (``OOM``, ``READONLY``...), else None."""
+    """The server's error code when ``exc`` is a refusal (``OOM``, ``READONLY``,
+    ``CLUSTERDOWN``, ``LOADING``...), else None."""
     if isinstance(exc, ServerRefused):
         return exc.code
-    if isinstance(exc, redis.exceptions.OutOfMemoryError):
-        return "OOM"
-    if isinstance(exc, redis.exceptions.ReadOnlyError):
-        return "READONLY"
+    for cls, code in _REDIS_PY_REFUSALS:
+        if isinstance(exc, cls):
+            return code
     return None
 
 
@@ -230,7 +253,18 @@ def connect(url: str | None = None, **options: Any) -> Client:
     return client_from_url(url or DEFAULT_URL, **options)
 
 
+class RefusalPool(redis.ConnectionPool):
+    """A node's pool in a cluster client, its connections parsing with RefusalParser
+    (redis-py's cluster client passes no parser class on to its nodes)."""
+
+    def __init__(self, connection_class: type[Any] = redis.connection.Connection,
+                 max_connections: int | None = None, **connection_kwargs: Any) -> None:
+        connection_kwargs.setdefault("parser_class", RefusalParser)
+        super().__init__(connection_class, max_connections, **connection_kwargs)
+
+
 def _cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
+    options.setdefault("connection_pool_class", RefusalPool)
     try:
         return RedisCluster.from_url(_cluster_url(url), **options)
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
