@@ -13,6 +13,7 @@ from redis.cluster import RedisCluster
 
 import echomq
 from echomq import scripts
+from echomq.connection import connect, slot_of
 
 from .conftest import spread_queues
 
@@ -137,3 +138,41 @@ def test_task_asend_on_a_cluster_url(cluster: LocalCluster, rc: RedisCluster) ->
     q = echomq.Queue(name, redis=rc)
     assert q.get(now).state == "waiting"  # type: ignore[union-attr]
     assert q.get(later).state == "scheduled"  # type: ignore[union-attr]
+
+
+def test_aio_result_follows_its_queue_to_a_new_owner(cluster: LocalCluster,
+                                                     rc: RedisCluster) -> None:
+    """A waiter parked on the owner when the queue's slot moves gets MOVED, parks again on
+    the new owner and gets the result settled there."""
+    [name] = spread_queues(rc, 1)
+    q = echomq.Queue(name, redis=rc)
+    slot = slot_of(q.keys.prefix)
+
+    async def main() -> tuple[Any, Any]:
+        aq = echomq.aio.Queue(name, redis_url=cluster.url)
+        job_id = await aq.add("double", {"x": 21})
+        waiting = asyncio.create_task(aq.result(job_id, timeout=60))
+        source = cluster.owner(slot)
+        node = cluster.client(source)
+
+        def parked() -> bool:
+            return int(node.info("clients")["blocked_clients"]) >= 1
+
+        deadline = asyncio.get_running_loop().time() + 30
+        while not parked():  # no event tells a client that another one is parked
+            assert asyncio.get_running_loop().time() < deadline, "the waiter never parked"
+            await asyncio.sleep(0.02)
+        target = next(n for n in (cluster.owner(0), cluster.owner(16383), cluster.owner(8000))
+                      if n is not source)
+        await asyncio.to_thread(cluster.move_slot, slot, target)
+        node.close()
+        await asyncio.to_thread(lambda: echomq.Consumer(
+            echomq.Queue(name, redis=connect(cluster.url)),
+            lambda job: job.payload["x"] * 2).run(burst=True))
+        value = await waiting
+        await aq.close()
+        return value, target
+
+    value, target = _run(main())
+    assert value == 42
+    assert cluster.owner(slot) is target
