@@ -233,7 +233,7 @@ class Queue:
         return pool
 
     async def close(self) -> None:
-        """Close the connections this queue opened (a given client is closed too)."""
+        """Close this queue's connections (and its client, when the queue made it)."""
         await self.redis.aclose()
         if self.cluster:
             await close_node_clients(self.redis)

@@ -33,6 +33,7 @@ class Backoff:
         return max(0.0, raw)
 
     def encode(self) -> str:
+        """The backoff as `base:factor:max:jitter`, the form a job hash stores."""
         return f"{self.base!r}:{self.factor!r}:{self.max!r}:{self.jitter!r}"
 
     @classmethod

@@ -105,6 +105,7 @@ class ConcurrentDrain:
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the drain to end; True once it has."""
         if self._thread is not None:
             self._thread.join(timeout)
             return not self._thread.is_alive()

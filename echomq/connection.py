@@ -312,6 +312,7 @@ def _cluster_url(url: str) -> str:
 
 
 def is_cluster(client: object) -> bool:
+    """True when ``client`` talks to a Valkey/Redis Cluster."""
     return isinstance(client, RedisCluster)
 
 

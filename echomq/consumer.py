@@ -102,6 +102,7 @@ class Consumer:
 
     @property
     def stopping(self) -> bool:
+        """True once a stop was asked for (the loop finishes its batch, then returns)."""
         return self._stopping
 
     # --- the loop --------------------------------------------------------------
@@ -224,24 +225,30 @@ class Consumer:
     # --- drain hooks ---------------------------------------------------------------
 
     def stop_requested(self) -> bool:
+        """Drain hook: True once a stop was asked for."""
         return self._stopping
 
     def batch_size(self) -> int:
+        """Drain hook: how many jobs the next claim may take."""
         return self.runner.batch_size()
 
     def on_batch(self, batch: Sequence[Claimed]) -> None:
+        """Drain hook: the claimed batch is held (its leases are kept alive)."""
         self._hold(batch)
 
     def on_start(self, claimed: Claimed, in_thread: bool = True) -> None:
+        """Drain hook: a job's handler is about to run."""
         self.processed += 1
 
     def on_finish(self, claimed: Claimed) -> None:
         """Nothing to do: the job stays held (and extended) until its outcome is settled."""
 
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Drain hook: these (job id, token) pairs went back unstarted; stop holding them."""
         self._unhold(pairs)
 
     def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
+        """Drain hook: these outcomes are settled; stop holding their leases."""
         self._unhold([(o.job_id, o.token) for o in outcomes])
 
     def on_dry(self) -> None:

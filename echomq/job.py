@@ -169,6 +169,7 @@ def timeout_seconds(value: str | None) -> float | None:
 
 
 def decode_payload(queue: str, job_id: str, text: str) -> Any:
+    """Parse a stored payload; raises `CorruptJob` naming the job when it is not JSON."""
     try:
         return json.loads(text)
     except ValueError as exc:

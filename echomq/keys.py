@@ -71,9 +71,11 @@ class Keys:
         self.cancelled = p + "cancelled"
 
     def job(self, job_id: str) -> str:
+        """The hash key of one job."""
         return f"{self.prefix}job:{job_id}"
 
     def lane(self, lane: str) -> str:
+        """The list key of one lane's waiting jobs."""
         return f"{self.prefix}lane:{lane}"
 
     def done(self, job_id: str) -> str:

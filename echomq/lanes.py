@@ -30,6 +30,7 @@ class Outcome:
     retry_ms: int = 0
 
     def args(self) -> list[Any]:
+        """The outcome as the settle script's five ARGV values."""
         return [self.job_id, self.token, self.outcome, safe_text(self.text), self.retry_ms]
 
 
@@ -90,6 +91,7 @@ class Lanes:
         return scripts.release(self.client, self.keys, held, mode)
 
     def extend(self, held: Sequence[tuple[str, str]]) -> list[bool]:
+        """Extend the leases of held (job id, token) pairs; one bool per pair, False if lost."""
         return scripts.extend(self.client, self.keys, self.settings.lease_ms, held)
 
     def progress(self, job_id: str, token: str, value: Any) -> bool:

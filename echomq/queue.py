@@ -373,6 +373,7 @@ class Queue:
         return dict(zip(STATES, (*values[:5], values[8]), strict=True))
 
     def is_paused(self) -> bool:
+        """True while the queue is paused (admits go on, claims wait)."""
         with translated(self.where):
             return bool(self.redis.exists(self.keys.paused))
 
@@ -471,6 +472,7 @@ class Queue:
             self.redis.ping()
 
     def close(self) -> None:
+        """Close this queue's connections, the result waiters' pool included."""
         self.redis.close()
         if self._waiters is not None:
             self._waiters.disconnect()

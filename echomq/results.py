@@ -73,6 +73,7 @@ def finished_without_record(job_id: str, token: str) -> Any:
 
 
 def decode_result(text: str) -> Any:
+    """A stored result as the handler returned it (JSON), or the raw text if not JSON."""
     if not text:
         return None
     try:
@@ -82,6 +83,7 @@ def decode_result(text: str) -> Any:
 
 
 def check_timeout(timeout: float | None) -> float | None:
+    """A valid wait in seconds (negative counts as 0) or None; ValueError otherwise."""
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
@@ -99,6 +101,7 @@ def block_args(key: str, remaining: float | None) -> tuple[list[Any], float]:
 
 
 def timed_out(job_id: str, timeout: float | None) -> TimeoutError:
+    """The `TimeoutError` raised when a job did not finish within ``timeout``."""
     return TimeoutError(f"job {job_id!r} did not finish within {timeout} s")
 
 

@@ -41,6 +41,7 @@ ProgressFn = Callable[[str, str, Any], bool]
 
 
 def timed_out_text(timeout: float) -> str:
+    """The error text a job gets when it ran past its time limit."""
     return f"timed out after {timeout:g} s"
 
 
@@ -69,6 +70,7 @@ class Runner:
         return any(is_async(fn) for fn in fns)
 
     def timeout_of(self, claimed: Claimed) -> float | None:
+        """The job's own time limit, else the consumer's `job_timeout` (None: no limit)."""
         return claimed.timeout if claimed.timeout is not None else self.settings.job_timeout
 
     def prepare(self, claimed: Claimed) -> tuple[Job, Callable[[Job], Any]] | Outcome:
@@ -137,6 +139,7 @@ class Runner:
     # --- outcomes -------------------------------------------------------------------
 
     def completed(self, claimed: Claimed, result: Any) -> Outcome:
+        """The outcome of a job whose handler returned ``result``."""
         return Outcome(claimed.id, claimed.token, "c", self._encode_result(result))
 
     def failed(self, claimed: Claimed, exc: BaseException, timeout: float | None) -> Outcome:
@@ -152,6 +155,7 @@ class Runner:
         return Outcome(claimed.id, claimed.token, "f", text, self.retry_ms(claimed))
 
     def retry_ms(self, claimed: Claimed) -> int:
+        """How long until the job's next attempt, from its (or the queue's) backoff."""
         return retry_ms_of(self.settings, claimed.attempts, claimed.backoff, self.rng)
 
     def batch_size(self, flush_window_s: float = 0.01) -> int:
@@ -161,6 +165,7 @@ class Runner:
         return max(1, min(self.settings.claim_batch, int(flush_window_s / self.avg_s)))
 
     def close(self) -> None:
+        """Close the event loop that runs async handlers, if one was made."""
         if self._loop is not None:
             self._loop.close()
             self._loop = None

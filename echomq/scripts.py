@@ -175,22 +175,27 @@ def _settle(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
 # --- typed wrappers: keys are chosen here, once ---------------------------------
 
 def admit_keys(k: Keys) -> list[str]:
+    """KEYS of admit.lua, in its header's order."""
     return [k.ring, k.wake, k.spilled, k.stats, k.paused]
 
 
 def schedule_keys(k: Keys) -> list[str]:
+    """KEYS of schedule.lua, in its header's order."""
     return [k.schedule, k.wake, k.meta, k.fold, k.spilled]
 
 
 def claim_keys(k: Keys) -> list[str]:
+    """KEYS of claim.lua, in its header's order."""
     return [k.ring, k.leases, k.tokens, k.wake, k.stats, k.paused]
 
 
 def settle_keys(k: Keys) -> list[str]:
+    """KEYS of settle.lua, in its header's order."""
     return [k.leases, k.schedule, k.dead, k.completed, k.wake, k.stats, k.meta, k.fold, k.closed]
 
 
 def reap_keys(k: Keys) -> list[str]:
+    """KEYS of reap.lua, in its header's order."""
     return [k.leases, k.ring, k.wake, k.dead, k.stats, k.meta, k.closed]
 
 
@@ -267,6 +272,7 @@ def await_keys(k: Keys, job_id: str) -> list[str]:
 
 
 def retry_dead(client: redis.Redis, k: Keys, ids: Sequence[str], limit: int) -> int:
+    """Move the named dead jobs (or up to ``limit`` of them) back to waiting; how many moved."""
     return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake, k.stats], [k.prefix, limit, *ids]))
 
 
@@ -283,10 +289,12 @@ def resume(client: redis.Redis, k: Keys) -> bool:
 
 
 def cancel_keys(k: Keys) -> list[str]:
+    """The KEYS of ``cancel.lua`` for queue ``k``."""
     return [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats]
 
 
 def cancel(client: redis.Redis, k: Keys, job_id: str) -> Cancelled:
+    """Cancel a waiting or scheduled job; the code says what happened."""
     return Cancelled(int(CANCEL(client, cancel_keys(k), [k.prefix, job_id])))
 
 

@@ -125,13 +125,16 @@ class TaskCall(Generic[P, R]):
         self.opts = opts
 
     def options(self, **changes: Any) -> TaskCall[P, R]:
+        """A copy of this call with some admit options changed (lane, delay, priority, ...)."""
         return TaskCall(self.task, replace(self.opts, **changes))
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        """Admit a job that runs the task with these arguments; returns its id."""
         queue = pools.queue(self.task.queue, self.task.redis_url)
         return queue.add(self.task.name, pack(args, kwargs), **self._add_options(args, kwargs))
 
     async def asend(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        """`send` for asyncio code, through `echomq.aio.Queue`."""
         queue = pools.aio_queue(self.task.queue, self.task.redis_url)
         return await queue.add(self.task.name, pack(args, kwargs),
                                **self._add_options(args, kwargs))
@@ -184,6 +187,7 @@ def queues() -> list[str]:
 
 
 def pack(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The job payload of a task call: ``{"args": [...], "kwargs": {...}}``."""
     return {"args": list(args), "kwargs": dict(kwargs)}
 
 

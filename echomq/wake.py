@@ -126,10 +126,12 @@ class Doorbell:
 
     @property
     def wake_key(self) -> str:
+        """The key this doorbell blocks on."""
         return self.key
 
     @property
     def armed(self) -> bool:
+        """True while a blocking wait is outstanding."""
         return self.armed_at is not None
 
     def arm(self) -> None:
@@ -310,6 +312,7 @@ class Doorbell:
             pass
 
     def close(self) -> None:
+        """Cancel any outstanding wait, put back what it took, and reset."""
         self.cancel()
         self.put_back()
         self.reset()

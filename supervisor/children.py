@@ -39,6 +39,7 @@ class Child:
     jobs: int = 0
 
     def send(self, message: bytes) -> bool:
+        """Write a message to the child's pipe without blocking; False when full or closed."""
         try:
             self.sock.send(message)
             return True

@@ -34,6 +34,7 @@ def _env_help(name: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `echomq-supervisor` argument parser: `start`, `migrate` and `drill`."""
     parser = argparse.ArgumentParser(prog="echomq-supervisor",
                                      description="Run and operate EchoMQ consumers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -234,6 +235,7 @@ def _flag(value: Any) -> bool:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    """`echomq-supervisor start`: run the arbiter until a signal stops it; the exit code."""
     from echomq.supervisor.arbiter import Arbiter
     from echomq.supervisor.health import Health
 
@@ -296,6 +298,7 @@ def _open_floor(url: str) -> Any:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    """`echomq-supervisor migrate`: bring the floor's schema to the newest revision."""
     import logging
 
     from echomq.floor import Floor
@@ -317,12 +320,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
+    """`echomq-supervisor drill`: run fault scenarios and print their table."""
     from echomq.supervisor.drill import main as drill_main
 
     return drill_main(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one `echomq-supervisor` command; returns the exit code of DESIGN.md."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -72,6 +72,7 @@ class Scenario:
 
 
 def kill_consumer(h: Harness) -> None:
+    """Scenario: SIGKILL a random consumer process again and again for a while."""
     rng = random.Random(h.seed)
     end = time.monotonic() + KILL_FOR_S
     h.obs.fault_at = time.time()
@@ -89,6 +90,7 @@ def kill_consumer(h: Harness) -> None:
 
 
 def kill_supervisor(h: Harness) -> None:
+    """Scenario: SIGKILL the supervisor and its children, then start a new one."""
     h.obs.fault_at = time.time()
     h.obs.killed_pids.update(h.current.kill_tree())
     h.start_supervisor()
@@ -96,12 +98,14 @@ def kill_supervisor(h: Harness) -> None:
 
 
 def valkey_restart(h: Harness) -> None:
+    """Scenario: restart Valkey with its data lost."""
     h.obs.fault_at = time.time()
     h.redis.restart_empty()
     h.obs.fault_end = time.time()
 
 
 def valkey_stall(h: Harness) -> None:
+    """Scenario: freeze Valkey (SIGSTOP) for a while, then let it go on."""
     h.obs.fault_at = time.time()
     h.redis.pause()
     try:
@@ -131,6 +135,7 @@ class FloorOutage:
         self.admin: Any = None
 
     def begin(self) -> None:
+        """Make the floor unusable: hold SQLite's write lock (and hide its directory)."""
         if self.url.get_backend_name() == "sqlite":
             self.lock = sqlite3.connect(str(self.url.database), timeout=30,
                                         isolation_level=None)
@@ -150,6 +155,7 @@ class FloorOutage:
                                  "WHERE datname = :n AND pid <> pg_backend_pid()"), {"n": name})
 
     def end(self) -> None:
+        """Give the floor back."""
         if self.moved is not None and self.owned_dir is not None:
             os.rename(self.moved, self.owned_dir)
             self.moved = None
@@ -166,6 +172,7 @@ class FloorOutage:
 
 
 def floor_outage(h: Harness) -> None:
+    """Scenario: the floor is unreachable for a while."""
     outage = FloorOutage(h.floor_url, h.owned_floor_dir)
     h.obs.fault_at = time.time()
     try:
@@ -177,6 +184,7 @@ def floor_outage(h: Harness) -> None:
 
 
 def rolling_restart(h: Harness) -> None:
+    """Scenario: start a new supervisor, then SIGTERM the old one (a deploy)."""
     old = h.current
     h.obs.fault_at = time.time()
     new = h.start_supervisor(wait=False)  # the new pod starts while the old one drains
@@ -189,6 +197,7 @@ def rolling_restart(h: Harness) -> None:
 
 
 def cluster_failover(h: Harness) -> None:
+    """Scenario: SIGKILL the cluster master that owns the queue; its replica takes over."""
     assert h.cluster is not None
     victim = h.cluster.master_of(f"emq:{{{h.queue}}}:wake")
     h.obs.fault_at = time.time()
@@ -392,6 +401,7 @@ def _cell(report: dict[str, Any], name: str) -> str:
 
 
 def table(reports: list[dict[str, Any]]) -> str:
+    """The drill reports as a text table, with footnotes for expected losses."""
     head = "  ".join(name.ljust(width) for name, width in COLUMNS)
     lines = [head, "  ".join("-" * width for _, width in COLUMNS)]
     for r in reports:

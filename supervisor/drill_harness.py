@@ -103,6 +103,7 @@ class Producer(threading.Thread):
         self.halt = threading.Event()
 
     def run(self) -> None:
+        """Admit the plan in paced batches until done or halted, recording admit times."""
         size = max(1, -(-len(self.plan) // PRODUCE_BATCHES))
         pace = PRODUCE_S / PRODUCE_BATCHES
         start = time.monotonic()
@@ -162,6 +163,7 @@ class Doorbell:
         return rung
 
     def close(self) -> None:
+        """Close the doorbell's socket."""
         self.sock.close()
 
 
@@ -174,14 +176,17 @@ class Ledger:
         self.conn = sqlite3.connect(str(path), timeout=30, isolation_level=None)
 
     def done_ids(self) -> set[str]:
+        """Ids of every job whose handler completed at least once."""
         return {r[0] for r in self.conn.execute(
             "SELECT DISTINCT job_id FROM executions WHERE kind = 'ok'")}
 
     def rows(self) -> list[tuple[str, int, int, str, float]]:
+        """Every recorded execution: (job id, attempt, pid, kind, time), oldest first."""
         return [tuple(r) for r in self.conn.execute(
             "SELECT job_id, attempt, pid, kind, at FROM executions ORDER BY at")]
 
     def close(self) -> None:
+        """Close the ledger's database."""
         self.conn.close()
 
 
@@ -252,15 +257,18 @@ class SupervisorProc:
             self.started.set()
 
     def wait_started(self, timeout: float = START_TIMEOUT_S) -> bool:
+        """Wait until the supervisor logged its start; False if it did not or exited."""
         return self.started.wait(timeout) and self.proc.poll() is None
 
     def children(self) -> list[int]:
+        """Pids of the supervisor's live child processes."""
         try:
             return [c.pid for c in psutil.Process(self.pid).children()]
         except psutil.NoSuchProcess:
             return []
 
     def terminate(self) -> None:
+        """Send SIGTERM (a graceful drain) and note it."""
         self.signalled = "SIGTERM"
         self._signal(signal.SIGTERM)
 
@@ -280,6 +288,7 @@ class SupervisorProc:
         return kids
 
     def wait(self, timeout: float) -> int | None:
+        """Wait for the process to exit; its exit code, or None at the timeout."""
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -292,6 +301,7 @@ class SupervisorProc:
             pass
 
     def finish(self) -> None:
+        """Make sure the process is gone and its log reader has stopped."""
         if self.proc.poll() is None:
             self.kill_tree()
         self.pump.join(timeout=5)
@@ -389,9 +399,11 @@ class Harness:
         self.redis.stop()
 
     def cleanup(self) -> None:
+        """Remove the drill's working directory."""
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def migrate(self) -> None:
+        """Run `echomq-supervisor migrate` on the drill's floor; RuntimeError if it fails."""
         done = subprocess.run([*CLI, "migrate", "--floor-url", self.floor_url],
                               capture_output=True, text=True, timeout=120,
                               env=self._env(), stdin=subprocess.DEVNULL)
@@ -405,6 +417,7 @@ class Harness:
         return env
 
     def start_supervisor(self, wait: bool = True) -> SupervisorProc:
+        """Start one more supervisor on the drill's queue (waiting for its start)."""
         n = len(self.supervisors)
         cmd = [*CLI, "start", "--redis-url", self.redis.url, "--queue", self.queue,
                "--handler", HANDLER, "--processes", str(self.processes),
@@ -420,9 +433,11 @@ class Harness:
 
     @property
     def current(self) -> SupervisorProc:
+        """The most recently started supervisor."""
         return self.supervisors[-1]
 
     def start_producer(self) -> Producer:
+        """Start admitting the plan in the background."""
         # on a cluster, admits wait for a replica (durability "sync"): a failover loses none
         sync = self.cluster is not None
         self.producer = Producer(self.redis.url, self.queue, self.plan,
@@ -530,6 +545,7 @@ class Harness:
                 sup.kill_tree()
 
     def collect(self) -> Observation:
+        """Gather the observation: admits, ledger rows, crashes and final counts."""
         assert self.ledger is not None
         obs = self.obs
         if self.producer is not None:

@@ -72,6 +72,7 @@ class TaskHandlers(dict[str, Callable[[Job], Any]]):
             self[""] = fallback
 
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        """The task registered under ``name``, else the fallback handler, else ``default``."""
         found = super().get(name)
         return found if found is not None else (self.fallback or default)
 

@@ -70,6 +70,7 @@ class LocalCluster:
 
     @property
     def workdir(self) -> str:
+        """The directory holding the nodes' files."""
         return self.nodes[0].workdir
 
     @property
@@ -100,10 +101,12 @@ class LocalCluster:
         return self
 
     def client(self, node: LocalRedis) -> redis.Redis:
+        """A plain (non-cluster) client for one node."""
         return redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=5,
                            socket_connect_timeout=2)
 
     def alive(self) -> list[LocalRedis]:
+        """The nodes whose process is still running."""
         return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
 
     def wait_ok(self, timeout: float = 60.0) -> None:
@@ -161,6 +164,7 @@ class LocalCluster:
         raise LookupError(f"no node serves slot {slot}")
 
     def replica_of(self, master: LocalRedis) -> LocalRedis:
+        """The node replicating ``master``."""
         c = self.client(master)
         try:
             repl = c.info("replication")
@@ -170,10 +174,12 @@ class LocalCluster:
         return next(n for n in self.nodes if n.port == port)
 
     def stop(self) -> None:
+        """Stop every node."""
         for node in self.nodes:
             node.stop()
 
     def node_id(self, node: LocalRedis) -> str:
+        """The cluster node id of ``node``."""
         c = self.client(node)
         try:
             return str(c.execute_command("CLUSTER", "MYID").decode())

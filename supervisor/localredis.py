@@ -52,6 +52,7 @@ def server_binary() -> str | None:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -77,6 +78,7 @@ class LocalRedis:
 
     @property
     def url(self) -> str:
+        """The server's `redis://` URL (database 0)."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> LocalRedis:
@@ -135,10 +137,12 @@ class LocalRedis:
         self.start()
 
     def pause(self) -> None:
+        """Freeze the server (SIGSTOP): it keeps its connections but answers nothing."""
         if self.proc:
             os.kill(self.proc.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
+        """Let a frozen server go on (SIGCONT)."""
         if self.proc:
             os.kill(self.proc.pid, signal.SIGCONT)
 

@@ -13,6 +13,7 @@ EVENT_FIELDS = ("event", "queue", "pid", "job_id", "exit", "signal", "delay_s", 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        """One JSON object per record: ts, level, logger, msg, event fields, any traceback."""
         out: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
@@ -29,6 +30,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup(json_lines: bool, level: str = "INFO") -> None:
+    """Send the root logger to stderr as text or JSON lines, at ``level``."""
     handler = logging.StreamHandler(sys.stderr)
     if json_lines:
         handler.setFormatter(JsonFormatter())

@@ -51,6 +51,7 @@ class SupervisorCollector:
         self.tally = tally
 
     def collect(self) -> Iterator[Metric]:
+        """The metric families of one scrape, read from the snapshot, Valkey and the tally."""
         snap = self.snapshot()
         queues = snap["queues"]
         up = GaugeMetricFamily("echomq_up", "1 when Valkey answered this scrape")
@@ -192,6 +193,7 @@ class SupervisorCollector:
 
 def build_registry(snapshot: Callable[[], dict[str, Any]], client: redis.Redis,
                    tally: Tally | None = None) -> CollectorRegistry:
+    """A registry holding only the supervisor's collector (no process defaults)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SupervisorCollector(snapshot, client, tally))
     return registry

@@ -49,6 +49,7 @@ class Metronome:
         self.reaped = 0
 
     def deadline(self) -> float:
+        """When the metronome must next promote or reap (monotonic seconds)."""
         return min(self.next_promote, self.next_reap)
 
     def collect_ring(self) -> bool:
@@ -131,4 +132,5 @@ class Metronome:
         return requeued > 0
 
     def retry_later(self, now: float, delay: float) -> None:
+        """Put off both promote and reap by ``delay`` seconds (Valkey refused)."""
         self.next_promote = self.next_reap = now + delay

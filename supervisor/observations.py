@@ -83,6 +83,7 @@ class TimedRunner:
         self.pickup = observations.pickup
 
     def run(self, claimed: Claimed) -> Outcome:
+        """Run the job and fold its duration and outcome into the tally."""
         t0 = perf_counter()
         outcome: Outcome = self.inner_run(claimed)
         return self._fold(claimed, outcome, t0)
@@ -147,6 +148,7 @@ class Tally:
 
     def copy(self) -> tuple[dict[tuple[str, str], list[Any]], dict[tuple[str, str], list[Any]],
                             dict[tuple[str, str, str], int]]:
+        """A consistent copy of the duration, pickup and finished counts."""
         with self.lock:
             return ({k: [v[0], v[1], list(v[2])] for k, v in self.duration.items()},
                     {k: [v[0], v[1], list(v[2])] for k, v in self.pickup.items()},

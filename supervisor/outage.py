@@ -39,6 +39,7 @@ class Availability:
 
     @property
     def ok(self) -> bool:
+        """True while Valkey answers normally."""
         return self.state == "ok"
 
     def describe(self) -> str:

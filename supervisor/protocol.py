@@ -39,14 +39,17 @@ EXIT_RECYCLE = 4  # max jobs or memory reached: respawn at once, this was not a 
 
 
 def idle_line(jobs: int, wait_us: int) -> bytes:
+    """The child's IDLE report: jobs run and wait time since the last one."""
     return f"{IDLE} {jobs} {wait_us}\n".encode()
 
 
 def refused_line(code: str, text: str) -> bytes:
+    """The child's REFUSED report: the server's error code and text, one line."""
     return f"{REFUSED} {code} {_one_line(text)}\n".encode("ascii", "replace")
 
 
 def bootfail_line(text: str) -> bytes:
+    """The child's BOOTFAIL report: why it could not start, one line."""
     return f"{BOOTFAIL} {_one_line(text)}\n".encode("ascii", "replace")
 
 
@@ -63,6 +66,7 @@ class LineReader:
         self.closed = False
 
     def read(self) -> Iterator[str]:
+        """The complete lines readable now (non-blocking); none yet, or EOF, ends it."""
         try:
             chunk = os.read(self.fd, 65536)
         except BlockingIOError:

@@ -16,6 +16,7 @@ def rss_bytes(pid: int) -> int | None:
 
 
 def over_memory(pid: int, limit_mb: int) -> bool:
+    """True when the process's RSS exceeds ``limit_mb`` MiB."""
     rss = rss_bytes(pid)
     return rss is not None and rss > limit_mb * 1024 * 1024
 

@@ -31,6 +31,7 @@ class SignalPipe:
             signal.signal(sig, _record)
 
     def fileno(self) -> int:
+        """The read end the selector waits on."""
         return self.reader.fileno()
 
     def read(self) -> list[int]:
@@ -46,6 +47,7 @@ class SignalPipe:
             out.extend(data)
 
     def close(self) -> None:
+        """Restore the default handlers and close the pipe."""
         signal.set_wakeup_fd(self.previous_fd)
         for sig in HANDLED:
             signal.signal(sig, signal.SIG_DFL)

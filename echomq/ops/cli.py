@@ -41,6 +41,7 @@ class Refused(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `echomq` argument parser: global `--redis-url` and `--json`, one subcommand each."""
     parser = argparse.ArgumentParser(prog="echomq", description="Look into and operate "
                                      "EchoMQ queues.")
     parser.add_argument("--redis-url", help="Valkey/Redis URL (env ECHOMQ_REDIS_URL)")
@@ -120,6 +121,7 @@ COUNT_COLUMNS = ("waiting", "scheduled", "active", "completed", "dead", "cancell
 
 
 def cmd_queues(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq queues`: every registered queue with its counts and pause state."""
     rows = [summary(Queue(name, redis=client)) for name in Queue.registered(client)]
     text = table(["queue", *COUNT_COLUMNS, "paused"],
                  [[r["queue"], *(r[c] for c in COUNT_COLUMNS), "yes" if r["paused"] else ""]
@@ -128,6 +130,7 @@ def cmd_queues(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_stats(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq stats QUEUE`: counts, retries, spills, lanes, oldest waiting age, busiest lanes."""
     s = summary(_queue(client, args.queue), top_lanes=5)
     lines = [f"queue {s['queue']}" + ("  (PAUSED)" if s["paused"] else "")]
     lines += [f"  {k:<10} {s[k]}" for k in (*COUNT_COLUMNS, "retried", "spilled", "lanes")]
@@ -140,6 +143,7 @@ def cmd_stats(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_jobs(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq jobs QUEUE STATE`: one page of jobs in a state, with the cursor of the next."""
     q = _queue(client, args.queue)
     try:
         jobs, nxt = q.jobs_page(args.state, limit=args.limit, cursor=args.cursor)
@@ -157,6 +161,7 @@ def cmd_jobs(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_show(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq show QUEUE JOB_ID`: every field of one job; `Refused` when it does not exist."""
     q = _queue(client, args.queue)
     job = q.get(args.job_id)
     if job is None:
@@ -170,6 +175,7 @@ def cmd_show(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_retry(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq retry QUEUE [JOB_ID...]`: move the named (or all) dead jobs back to waiting."""
     q = _queue(client, args.queue)
     if args.job_ids:
         moved = q.retry_dead(args.job_ids)
@@ -188,6 +194,7 @@ def cmd_retry(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_cancel(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq cancel QUEUE JOB_ID`: cancel a waiting or scheduled job; `Refused` says why not."""
     q = _queue(client, args.queue)
     if q.cancel(args.job_id):
         return {"queue": q.name, "id": args.job_id, "cancelled": True}, f"cancelled {args.job_id}"
@@ -203,6 +210,7 @@ def cmd_cancel(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_pause(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq pause QUEUE`: stop claims (admits go on); says whether it changed anything."""
     q = _queue(client, args.queue, must_exist=False)
     changed = q.pause()
     return ({"queue": q.name, "paused": True, "changed": changed},
@@ -210,6 +218,7 @@ def cmd_pause(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_resume(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq resume QUEUE`: claim again, ringing the doorbell; says if anything changed."""
     q = _queue(client, args.queue)
     changed = q.resume()
     return ({"queue": q.name, "paused": False, "changed": changed},
@@ -217,12 +226,14 @@ def cmd_resume(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_purge(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq purge QUEUE STATE`: delete every job in a finished state; says how many."""
     q = _queue(client, args.queue)
     n = q.purge(args.state)
     return {"queue": q.name, "state": args.state, "purged": n}, f"purged {n} {args.state} job(s)"
 
 
 def cmd_dashboard(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq dashboard`: serve the dashboard until interrupted; `Refused` if it cannot bind."""
     from echomq.ops.dashboard import serve
 
     try:
@@ -241,6 +252,7 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], tuple[Any, str]]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one `echomq` command; exit code 0 done, 1 refused or unreachable, 2 usage."""
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on usage errors
     url = args.redis_url or os.environ.get("ECHOMQ_REDIS_URL") or DEFAULT_URL

@@ -30,13 +30,16 @@ class History:
         self.thread = threading.Thread(target=self._run, name="echomq-history", daemon=True)
 
     def start(self) -> History:
+        """Start sampling in the background; returns self."""
         self.thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop sampling (the thread ends at its next wake-up)."""
         self.stopped.set()
 
     def sample(self) -> None:
+        """Record one point per queue; an unreachable server leaves a gap."""
         try:
             totals = self.totals()
         except Exception:  # an unreachable server leaves a gap in the chart, nothing more

@@ -37,6 +37,7 @@ form{display:inline;margin:0}button{font:inherit;padding:2px 10px;cursor:pointer
 
 
 def esc(value: Any) -> str:
+    """HTML-escape a value for text or an attribute (non-strings as JSON; None as empty)."""
     if value is None:
         return ""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
@@ -45,12 +46,14 @@ def esc(value: Any) -> str:
 
 
 def when(ms: int | None) -> str:
+    """A millisecond timestamp as UTC `YYYY-MM-DD HH:MM:SS` (empty for 0 or None)."""
     if not ms:
         return ""
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def link(**params: str) -> str:
+    """A link to the page with these query parameters."""
     return "/?" + urlencode(params)
 
 
@@ -69,6 +72,7 @@ COUNTS = ("waiting", "scheduled", "active", "completed", "dead", "cancelled")
 
 
 def queues_table(rows: Sequence[dict[str, Any]], token: str | None) -> str:
+    """The table of every queue's counts and state (with pause/resume buttons given a token)."""
     if not rows:
         return '<section id="queues"><h2>Queues</h2><p class="muted">no queues yet</p></section>'
     head = "".join(f"<th>{c}</th>" for c in ("queue", *COUNTS, "state"))
@@ -125,6 +129,7 @@ def chart(rates: Sequence[tuple[float, float, float]], width: int = 720, height:
 
 def queue_detail(s: dict[str, Any], rates: Sequence[tuple[float, float, float]],
                  dead: Sequence[Any], token: str | None) -> str:
+    """One queue's section: counts, throughput chart, busiest lanes and dead jobs."""
     name = s["queue"]
     state = "paused" if s["paused"] else "running"
     lanes = "".join(f'<tr><td>{esc(x["lane"])}</td><td class="n">{x["waiting"]}</td></tr>'
@@ -161,6 +166,7 @@ def queue_detail(s: dict[str, Any], rates: Sequence[tuple[float, float, float]],
 
 
 def job_detail(queue: str, job: Any, token: str | None) -> str:
+    """One job's section: its fields, error text and, given a token, a retry button."""
     if job is None:
         return '<section id="job"><h2>Job</h2><p class="muted">no such job</p></section>'
     rows = []
@@ -185,10 +191,12 @@ def job_detail(queue: str, job: Any, token: str | None) -> str:
 
 
 def login_link() -> str:
+    """The header's link to the login form."""
     return '<a id="login" href="/login" style="color:#fff">log in to act</a>'
 
 
 def logout_form(form_token: str) -> str:
+    """The header's log out button (a POST form carrying the form token)."""
     return ('<form method="post" action="/logout" id="logout">'
             f'<input type="hidden" name="csrf" value="{esc(form_token)}">'
             '<button type="submit">log out</button></form>')

@@ -50,6 +50,16 @@ def test_oversized_payload_and_configurable_limit(redis_url: str, queue_name: st
     small.add("x", "a" * 90)
 
 
+def test_payload_limit_counts_utf8_bytes_not_characters(redis_url: str, queue_name: str,
+                                                        r: redis.Redis) -> None:
+    small = echomq.Queue(queue_name, redis_url=redis_url, max_payload_bytes=100)
+    with pytest.raises(echomq.PayloadError, match="payload is 122 bytes"):
+        small.add("x", "\u00e9" * 60)  # 62 characters, 122 bytes of UTF-8
+    assert _keys_of(r, queue_name) == []
+    job = small.get(small.add("x", "\u00e9" * 49))  # 100 bytes: exactly the limit
+    assert job is not None and job.payload == "\u00e9" * 49
+
+
 def test_bad_schedules(redis_url: str, queue_name: str, r: redis.Redis) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     with pytest.raises(echomq.InvalidSchedule, match="naive"):

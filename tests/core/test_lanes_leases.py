@@ -255,3 +255,50 @@ def test_released_jobs_go_back_to_the_lane_head_in_their_order(
     batch = lanes.claim(4)
     assert lanes.release([(c.id, c.token) for c in batch], "unstarted") == (4, 0)
     assert [c.payload_text for c in lanes.claim(6)] == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_restore_leaves_a_job_in_valkey_alone(redis_url: str, queue_name: str,
+                                              r: redis.Redis) -> None:
+    # a second replica re-applying the floor rows of an interrupted rehydration must not
+    # reset a job that is already back and running: it would run twice
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", {"n": 1})
+    (claimed,) = _lanes(q).claim(1)
+    args = [q.keys.prefix, "rehydrate", job_id, 0, 2, "name", "x", "payload", '{"n":1}']
+    assert scripts.RESTORE(r, [q.keys.schedule, q.keys.wake, q.keys.spilled], args) == [0]
+    job = q.get(job_id)
+    assert job is not None and job.state == "active"
+    assert r.hget(q.keys.job(job_id), "token").decode() == claimed.token
+    assert r.zscore(q.keys.schedule, job_id) is None
+
+
+def test_spill_leaves_a_job_whose_due_time_moved_since_the_floor_wrote_it(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", {}, delay=7200)
+    due = int(r.zscore(q.keys.schedule, job_id))
+    keys = [q.keys.schedule, q.keys.spilled]
+    # the floor's row says another due time: the job was retried or re-added meanwhile
+    assert scripts.SPILL(r, keys, [q.keys.prefix, job_id, due - 1]) == [0]
+    assert r.exists(q.keys.job(job_id)) and r.zscore(q.keys.schedule, job_id) == due
+    assert not r.sismember(q.keys.spilled, job_id)
+    assert scripts.SPILL(r, keys, [q.keys.prefix, job_id, due]) == [1]
+    assert not r.exists(q.keys.job(job_id)) and r.sismember(q.keys.spilled, job_id)
+
+
+def test_progress_with_a_stale_token_changes_nothing(redis_url: str, queue_name: str,
+                                                     r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", 1)
+    lanes = _lanes(q, lease_ms=60_000)
+    [first] = lanes.claim(1)
+    assert lanes.progress(job_id, first.token, {"step": 1})
+    q.redis.zadd(q.keys.leases, {job_id: 0})  # its lease ran out: reaped, claimed again
+    assert scripts.reap(q.redis, q.keys)[0] == 1
+    [second] = lanes.claim(1)
+    q.redis.zadd(q.keys.leases, {job_id: 5})
+    assert not lanes.progress(job_id, first.token, {"step": 2})
+    job = q.get(job_id)
+    assert job is not None and job.progress == {"step": 1}
+    assert r.zscore(q.keys.leases, job_id) == 5  # the new holder's lease is untouched
+    assert lanes.progress(job_id, second.token, {"step": 3})

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from echomq.supervisor.localredis import LocalRedis
 
 from echomq.floor import Floor
 
@@ -57,3 +58,9 @@ def pg_floor(pg_url: str) -> Iterator[Floor]:
     floor.upgrade()
     yield floor
     floor.dispose()
+
+
+@pytest.fixture
+def server(private_redis: LocalRedis) -> LocalRedis:
+    """A Valkey of the test's own, free to restart empty (tests/conftest.py's private_redis)."""
+    return private_redis

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,13 +22,6 @@ from echomq.floor.writethrough import write_through
 from echomq.lanes import Lanes, Outcome
 
 HOUR_MS = 3_600_000
-
-
-@pytest.fixture
-def server() -> Iterator[LocalRedis]:
-    srv = LocalRedis().start()
-    yield srv
-    srv.stop()
 
 
 def _scheduler(client: redis.Redis, floor: Floor, queue: str, **kw: Any) -> Scheduler:

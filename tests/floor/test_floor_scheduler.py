@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -19,13 +18,6 @@ from echomq.floor import Floor
 from echomq.lanes import Lanes, Outcome
 
 HOUR_MS = 3_600_000
-
-
-@pytest.fixture
-def server() -> Iterator[LocalRedis]:
-    srv = LocalRedis().start()
-    yield srv
-    srv.stop()
 
 
 def _scheduler(client: redis.Redis, floor: Floor, queue: str, **kw: object) -> Scheduler:

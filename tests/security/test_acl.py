@@ -52,10 +52,9 @@ def without(rule: list[str], command: str) -> list[str]:
 
 
 @pytest.fixture
-def server() -> Iterator[LocalRedis]:
-    server = LocalRedis().start()
-    yield server
-    server.stop()
+def server(private_redis: LocalRedis) -> LocalRedis:
+    """A server of the test's own: its ACL users go with it."""
+    return private_redis
 
 
 def admin(server: LocalRedis) -> redis.Redis:

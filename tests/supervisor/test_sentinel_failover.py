@@ -64,8 +64,9 @@ def _sentinel_knows_the_replica(sentinel_port: int, replica_port: int) -> bool:
     except redis.exceptions.ConnectionError:
         return False
     for entry in replicas:
-        fields = (dict(zip(entry[::2], entry[1::2], strict=True)) if isinstance(entry, list)
-                  else entry)
+        if isinstance(entry, list):
+            entry = dict(zip(entry[::2], entry[1::2], strict=True))
+        fields = entry
         if (int(fields.get("port", 0)) == replica_port
                 and fields.get("master-link-status") == "ok"
                 and "disconnected" not in fields.get("flags", "")):
