@@ -42,7 +42,9 @@ class Dashboard:
 
     def __init__(self, client: redis.Redis, *, allow_actions: bool = False,
                  history: History | None = None, token: str | None = None) -> None:
-        """Args:
+        """The dashboard of the server ``client`` talks to.
+
+        Args:
             client: the server's client.
             allow_actions: offer retry, cancel, pause and resume to token holders.
             history: the rates sampler (one is made when None).
