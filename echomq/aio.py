@@ -17,12 +17,20 @@ sync engine, shared with the sync producer; its write runs on a worker thread
 (``asyncio.to_thread``), once per coalesced batch, so the loop never blocks on
 SQL and the floor keeps one code path (no async driver to install or to keep in
 step with the sync one's statement and timeout settings).
+
+On a cluster (a URL naming a cluster node, see :mod:`echomq.connection`) the
+client is a ``redis.asyncio.RedisCluster``: every call of a queue touches its
+one hash-tagged slot and goes to the node that owns it, a script missing there
+(NOSCRIPT) is loaded on that node alone, and result waiters park on that node,
+following a MOVED after a failover or a slot move.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -34,7 +42,16 @@ import redis.exceptions
 from echomq import results, scripts
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
-from echomq.connection import DEFAULT_URL, redact_url, translated
+from echomq.connection import (
+    DEFAULT_URL,
+    AsyncRefusalParser,
+    async_cluster_from_url,
+    async_node_of,
+    cluster_mode,
+    is_async_cluster,
+    redact_url,
+    translated,
+)
 from echomq.errors import ConnectionFailed, JobFailed, JobNotFound
 from echomq.job import Job
 from echomq.keys import REGISTRY, validate_job_id
@@ -42,6 +59,8 @@ from echomq.queue import Queue as SyncQueue
 from echomq.queue import deferred_ids, has_deferred
 
 COMMAND_CONNECTIONS = 32  # a bounded pool for commands
+CLUSTER_CONNECTIONS = 256  # per cluster node: redis-py's cluster pool refuses past it
+REDIRECTS = 5  # a result waiter follows at most this many MOVED replies in a row
 ADMIT_COALESCE = 500  # at most this many concurrent adds per admit round trip
 Spec = tuple[str, list[Any], "int | None"]
 
@@ -49,13 +68,19 @@ Spec = tuple[str, list[Any], "int | None"]
 _PLANNER_CLIENT = redis.Redis()
 
 
-def client_from_url(url: str, **options: Any) -> redis.asyncio.Redis:
-    """A redis.asyncio client for ``url`` whose pool waits for a free connection."""
+def client_from_url(url: str, **options: Any) -> Any:
+    """A redis.asyncio client for ``url`` whose pool waits for a free connection; for a
+    cluster node's URL a ``redis.asyncio.RedisCluster`` (``CLUSTER_CONNECTIONS`` per node,
+    redis-py's cluster pools do not wait: a call past them fails)."""
     options.setdefault("socket_connect_timeout", 5.0)
     options.setdefault("socket_timeout", 10.0)
-    options.setdefault("max_connections", COMMAND_CONNECTIONS)
-    options.setdefault("timeout", None)  # wait for a connection as long as it takes
     try:
+        if cluster_mode(url, options):
+            options.setdefault("max_connections", CLUSTER_CONNECTIONS)
+            return async_cluster_from_url(url, **options)
+        options.setdefault("max_connections", COMMAND_CONNECTIONS)
+        options.setdefault("timeout", None)  # wait for a connection as long as it takes
+        options.setdefault("parser_class", AsyncRefusalParser)
         pool = redis.asyncio.BlockingConnectionPool.from_url(url, **options)
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
@@ -74,7 +99,7 @@ class Queue:
         name: str,
         redis_url: str | None = None,
         *,
-        redis: redis.asyncio.Redis | None = None,
+        redis: Any = None,
         settings: QueueSettings | None = None,
         floor: Any = None,
         **overrides: Any,
@@ -90,15 +115,16 @@ class Queue:
         self._owns_pool = redis is None
         if redis is not None:
             self.redis = redis
-            kwargs = redis.connection_pool.connection_kwargs
-            self.where = f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+            self.where = _describe(redis)
         else:
             url = redis_url or DEFAULT_URL
             self.redis = client_from_url(url)
             self.where = redact_url(url)
-        pool = self.redis.connection_pool
-        # waiters park on connections of their own, never holding a command connection
-        self._waiters = redis_asyncio_pool(pool)
+        self.cluster = is_async_cluster(self.redis)
+        # waiters park on connections of their own, never holding a command connection;
+        # on a cluster one pool per node, made when a waiter first parks there
+        self._waiters = None if self.cluster else redis_asyncio_pool(self.redis.connection_pool)
+        self._node_waiters: dict[str, redis.asyncio.ConnectionPool] = {}
         self._pending: list[tuple[Spec, bool, asyncio.Future[None]]] = []
         self._admitting: asyncio.Task[None] | None = None
         self._dial_reading: asyncio.Task[None] | None = None
@@ -256,17 +282,66 @@ class Queue:
                                    scripts.cancel_args(self.keys, job_id))
         return scripts.Cancelled(int(answer)) is scripts.Cancelled.CANCELLED
 
+    async def pause(self) -> bool:
+        """Stop handing out jobs; False if already paused. See :meth:`echomq.Queue.pause`."""
+        with translated(self.where):
+            await self.redis.sadd(REGISTRY, self.name)
+            return bool(await evalsha(self.redis, scripts.PAUSE, [self.keys.paused], []))
+
+    async def resume(self) -> bool:
+        """Hand out jobs again; False if it was not paused. See :meth:`echomq.Queue.resume`."""
+        keys = [self.keys.paused, self.keys.ring, self.keys.wake]
+        with translated(self.where):
+            return bool(await evalsha(self.redis, scripts.RESUME, keys, [self.keys.prefix]))
+
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for the job's return value; see :meth:`echomq.Queue.result`."""
         with translated(self.where):
-            return await wait(self._waiters, self.keys, job_id, timeout)
+            if not self.cluster:
+                assert self._waiters is not None
+                return await wait(self._waiters, self.keys, job_id, timeout)
+            timeout = results.check_timeout(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for _ in range(REDIRECTS):
+                pool = await self._waiters_on_owner()
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    return await wait(pool, self.keys, job_id, left, shown_timeout=timeout)
+                except redis.exceptions.MovedError:
+                    # a failover or a slot move: read the slot map again, park on the new owner
+                    await self.redis.nodes_manager.initialize()
+            raise redis.exceptions.TryAgainError(
+                f"queue {self.name}: its slot kept moving while waiting for job {job_id}")
+
+    async def _waiters_on_owner(self) -> redis.asyncio.ConnectionPool:
+        """The waiter pool of the cluster node owning this queue's slot."""
+        node = await async_node_of(self.redis, self.keys.prefix)
+        pool = self._node_waiters.get(node.name)
+        if pool is None:
+            pool = self._node_waiters[node.name] = redis.asyncio.ConnectionPool(
+                connection_class=node.connection_class, max_connections=results.WAITERS_MAX,
+                **node.connection_kwargs)
+        return pool
 
     async def close(self) -> None:
-        """Close this queue's connections (and its pool, when the queue made it)."""
+        """Close this queue's connections (and its client, when the queue made it)."""
         await self.redis.aclose()
-        if self._owns_pool:
+        if self.cluster:
+            await close_node_clients(self.redis)
+        elif self._owns_pool:
             await self.redis.connection_pool.disconnect()
-        await self._waiters.disconnect()
+        for pool in [self._waiters, *self._node_waiters.values()]:
+            if pool is not None:
+                await pool.disconnect()
+
+
+def _describe(client: Any) -> str:
+    """Where a given asyncio client connects, without its password."""
+    if is_async_cluster(client):
+        nodes = sorted(node.name for node in client.startup_nodes)
+        return f"cluster {', '.join(nodes)}"
+    kwargs = client.connection_pool.connection_kwargs
+    return f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
 
 
 def redis_asyncio_pool(pool: Any) -> redis.asyncio.ConnectionPool:
@@ -276,38 +351,116 @@ def redis_asyncio_pool(pool: Any) -> redis.asyncio.ConnectionPool:
                                         **pool.connection_kwargs)
 
 
-async def evalsha(client: redis.asyncio.Redis, script: scripts.LuaScript,
+async def evalsha(client: Any, script: scripts.LuaScript,
                   keys: Sequence[str], args: Sequence[scripts.Arg]) -> Any:
-    """Run one script by SHA, loading it on NOSCRIPT."""
+    """Run one script by SHA, loading it on NOSCRIPT (on a cluster: on the node owning
+    the first key's slot, where the call goes)."""
     try:
         return await client.evalsha(script.sha, script.num_keys, *keys, *args)
     except redis.exceptions.NoScriptError:
-        await client.script_load(script.source)
+        await load(client, script, keys[0] if keys else None)
         return await client.evalsha(script.sha, script.num_keys, *keys, *args)
 
 
-async def execute(client: redis.asyncio.Redis,
+async def load(client: Any, script: scripts.LuaScript, key: str | None) -> None:
+    """SCRIPT LOAD ``script``: on a cluster on the node owning ``key`` (every primary when
+    there is no key), else on the one server."""
+    if key is not None and is_async_cluster(client):
+        node = await async_node_of(client, key)
+        await client.execute_command("SCRIPT LOAD", script.source, target_nodes=node)
+    else:
+        await client.script_load(script.source)
+
+
+async def execute(client: Any,
                   calls: Sequence[tuple[scripts.LuaScript, Sequence[str], Sequence[scripts.Arg]]]
                   ) -> list[Any]:
-    """Script calls in one pipeline; a call refused with NOSCRIPT is re-run alone."""
-    pipe = client.pipeline(transaction=False)
-    for script, keys, args in calls:
-        pipe.evalsha(script.sha, script.num_keys, *keys, *args)
-    replies = await pipe.execute(raise_on_error=False)
+    """Script calls in one pipeline (one round trip per node); a call refused with NOSCRIPT
+    is re-run alone after loading the script.
+
+    On a cluster redis-py's pipeline refuses EVALSHA, so the calls go in one plain pipeline
+    per owning node; a call answered with MOVED, ASK, TRYAGAIN or CLUSTERDOWN did not run
+    and is re-run alone through the cluster client, which follows the redirect.
+    """
+    if not is_async_cluster(client):
+        pipe = client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, script.num_keys, *keys, *args)
+        replies = list(await pipe.execute(raise_on_error=False))
+    else:
+        replies = await _execute_on_nodes(client, calls)
     for i, reply in enumerate(replies):
-        if isinstance(reply, redis.exceptions.NoScriptError):
+        if isinstance(reply, scripts.NOT_RUN + (redis.exceptions.MovedError,)):
             script, keys, args = calls[i]
             replies[i] = await evalsha(client, script, keys, args)
         elif isinstance(reply, Exception):
             raise reply
-    return list(replies)
+    return replies
+
+
+async def _execute_on_nodes(client: Any, calls: Sequence[
+        tuple[scripts.LuaScript, Sequence[str], Sequence[scripts.Arg]]]) -> list[Any]:
+    groups: dict[str, tuple[Any, list[int]]] = {}
+    for i, (_, keys, _) in enumerate(calls):
+        node = await async_node_of(client, keys[0])
+        groups.setdefault(node.name, (node, []))[1].append(i)
+    replies: list[Any] = [None] * len(calls)
+
+    async def send(node: Any, indexes: list[int]) -> None:
+        pipe = node_client(client, node).pipeline(transaction=False)
+        for i in indexes:
+            script, keys, args = calls[i]
+            pipe.evalsha(script.sha, script.num_keys, *keys, *args)
+        try:
+            answers = await pipe.execute(raise_on_error=False)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            # the node is gone (a failover?): read the slot map again for the next call
+            with contextlib.suppress(redis.exceptions.RedisError,
+                                     redis.exceptions.RedisClusterException):
+                await client.nodes_manager.initialize()
+            raise
+        for i, answer in zip(indexes, answers, strict=True):
+            replies[i] = answer
+
+    await asyncio.gather(*(send(node, indexes) for node, indexes in groups.values()))
+    return replies
+
+
+# plain clients of each cluster node, for pipelines of EVALSHA; per cluster client, since
+# both belong to the event loop that uses them
+_node_clients: weakref.WeakKeyDictionary[Any, dict[str, redis.asyncio.Redis]] = (
+    weakref.WeakKeyDictionary())
+
+
+def node_client(client: Any, node: Any) -> redis.asyncio.Redis:
+    """A plain asyncio client of one cluster node (a bounded pool of its own)."""
+    clients = _node_clients.setdefault(client, {})
+    found = clients.get(node.name)
+    if found is None:
+        kwargs = {k: v for k, v in node.connection_kwargs.items()
+                  if k not in ("redis_connect_func",)}
+        found = clients[node.name] = redis.asyncio.Redis(
+            connection_pool=redis.asyncio.BlockingConnectionPool(
+                connection_class=node.connection_class, max_connections=COMMAND_CONNECTIONS,
+                timeout=None, **kwargs))
+    return found
+
+
+async def close_node_clients(client: Any) -> None:
+    """Close the node clients :func:`node_client` made for ``client``."""
+    for found in _node_clients.pop(client, {}).values():
+        await found.aclose()
+        await found.connection_pool.disconnect()
 
 
 async def wait(waiters: redis.asyncio.ConnectionPool, keys: Any, job_id: str,
-               timeout: float | None) -> Any:
-    """The asyncio twin of :func:`echomq.results.wait`, on one connection of ``waiters``."""
+               timeout: float | None, *, shown_timeout: float | None = None) -> Any:
+    """The asyncio twin of :func:`echomq.results.wait`, on one connection of ``waiters``
+    (``shown_timeout``: the caller's whole timeout, named when it runs out)."""
     validate_job_id(job_id)
     timeout = results.check_timeout(timeout)
+    if shown_timeout is None:
+        shown_timeout = timeout
     deadline = None if timeout is None else time.monotonic() + timeout
     doorbell = keys.done(job_id)
     conn = await waiters.get_connection()  # type: ignore[no-untyped-call]
@@ -320,14 +473,14 @@ async def wait(waiters: redis.asyncio.ConnectionPool, keys: Any, job_id: str,
                 return result
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise results.timed_out(job_id, timeout)
+                raise results.timed_out(job_id, shown_timeout)
             if not await _park(conn, doorbell, remaining) and deadline is not None:
                 # one last read, as the sync waiter does
                 last = results.outcome(
                     job_id, await _await(conn, scripts.await_keys(keys, job_id), False))
                 if last is not results.PENDING:
                     return last
-                raise results.timed_out(job_id, timeout)
+                raise results.timed_out(job_id, shown_timeout)
     except (JobFailed, JobNotFound, TimeoutError):
         raise  # answers read in full: the connection is clean
     except BaseException:  # cancelled or failed: a reply may still come, never reuse

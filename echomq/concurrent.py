@@ -29,9 +29,10 @@ from typing import Any
 import redis
 import redis.asyncio
 import redis.exceptions
+from redis.cluster import RedisCluster
 
-from echomq import scripts
-from echomq.connection import UNAVAILABLE_ERRORS, AsyncRefusalParser
+from echomq import aio, scripts
+from echomq.connection import UNAVAILABLE_ERRORS, AsyncRefusalParser, Client, use_refusal_parser
 from echomq.drain import DrainHooks
 from echomq.job import Claimed, parse_claimed
 from echomq.lanes import Lanes, Outcome
@@ -159,6 +160,7 @@ class ConcurrentDrain:
             await self._drive()
         finally:
             await self.aclient.aclose()
+            await aio.close_node_clients(self.aclient)
 
     async def _drive(self) -> None:
         while True:
@@ -261,20 +263,9 @@ class ConcurrentDrain:
 
     async def _execute(self, calls: Sequence[tuple[scripts.LuaScript, list[str], list[Any]]]
                        ) -> list[Any]:
-        """Run script calls in one pipeline, loading a script the server lacks (NOSCRIPT)."""
-        pipe = self.aclient.pipeline(transaction=False)
-        for script, keys, args in calls:
-            pipe.evalsha(script.sha, script.num_keys, *keys, *args)
-        replies = list(await pipe.execute(raise_on_error=False))
-        for i, reply in enumerate(replies):
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                script, keys, args = calls[i]
-                await self.aclient.script_load(script.source)
-                replies[i] = await self.aclient.evalsha(script.sha, script.num_keys, *keys,
-                                                        *args)
-            elif isinstance(reply, Exception):
-                raise reply
-        return replies
+        """Run script calls in one pipeline, loading a script the server lacks (NOSCRIPT);
+        on a cluster, on the node owning the queue's slot (see :func:`echomq.aio.execute`)."""
+        return await aio.execute(self.aclient, calls)
 
     def _settled(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
         for o, code in zip(outcomes, codes, strict=True):
@@ -310,8 +301,11 @@ class ConcurrentDrain:
         self._set_wake()
 
 
-def async_twin(client: redis.Redis) -> redis.asyncio.Redis:
-    """An asyncio client for the server (and options) a sync client talks to."""
+def async_twin(client: Client) -> Any:
+    """An asyncio client for the server (and options) a sync client talks to: a
+    ``redis.asyncio.RedisCluster`` for a cluster client."""
+    if isinstance(client, RedisCluster):
+        return _async_cluster_twin(client)
     pool: Any = client.connection_pool
     sync_cls = pool.connection_class
     if issubclass(sync_cls, redis.connection.UnixDomainSocketConnection):
@@ -330,3 +324,24 @@ def async_twin(client: redis.Redis) -> redis.asyncio.Redis:
         kwargs["parser_class"] = AsyncRefusalParser
     return redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
         connection_class=cls, **kwargs))
+
+
+def _async_cluster_twin(client: RedisCluster) -> Any:
+    """An asyncio cluster client seeded with every node the sync one knows, with the
+    options (credentials, timeouts, TLS files) of its node connections."""
+    import redis.asyncio.cluster
+
+    nodes = client.get_nodes()
+    kwargs: dict[str, Any] = {}
+    if nodes and nodes[0].redis_connection is not None:
+        pool = nodes[0].redis_connection.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        if issubclass(pool.connection_class, redis.connection.SSLConnection):
+            kwargs["ssl"] = True
+    accepted = set(inspect.signature(redis.asyncio.cluster.RedisCluster.__init__).parameters)
+    kwargs = {k: v for k, v in kwargs.items()
+              if k in accepted and k not in ("host", "port", "startup_nodes", "db", "path")}
+    seeds = [redis.asyncio.cluster.ClusterNode(n.host, n.port) for n in nodes]
+    twin = redis.asyncio.cluster.RedisCluster(startup_nodes=seeds, **kwargs)
+    use_refusal_parser(twin)
+    return twin

@@ -45,7 +45,8 @@ _QUERY_PASSWORD = re.compile(r"(?i)([?&;](?:password|pass|pwd)=)[^&;#]*")
 class ServerRefused(redis.exceptions.ResponseError):
     """The server answered but will not run writes for now: out of memory under
     ``noeviction``, a read-only replica after a failover, too few replicas, a failing
-    snapshot, a long script. Nothing was done; the same call can succeed later."""
+    snapshot, a long script, a cluster with a slot left without a master or a slot half
+    moved. Nothing was done; the same call can succeed later."""
 
     code = ""
 
@@ -74,9 +75,31 @@ class PrimaryDown(ServerRefused, redis.exceptions.MasterDownError):
     code = "MASTERDOWN"
 
 
+class ClusterDown(ServerRefused, redis.exceptions.ClusterDownError):
+    """A cluster node serves no key now: a slot has no master (a master and its replicas
+    are gone, or an election is under way) or the node lost the majority."""
+
+    code = "CLUSTERDOWN"
+
+
+class SlotMoving(ServerRefused, redis.exceptions.TryAgainError):
+    """A multi-key call met a slot half moved to another node; it can be sent again."""
+
+    code = "TRYAGAIN"
+
+
 REFUSALS: dict[str, type[ServerRefused]] = {
     cls.code: cls for cls in (OutOfMemory, ReadOnlyReplica, NoReplicas, PersistenceFailing,
-                              ServerBusy, PrimaryDown)}
+                              ServerBusy, PrimaryDown, ClusterDown, SlotMoving)}
+# redis-py's own classes for the same answers, as raised by clients it parses for
+_REDIS_PY_REFUSALS: tuple[tuple[type[BaseException], str], ...] = (
+    (redis.exceptions.OutOfMemoryError, "OOM"),
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+    (redis.exceptions.MasterDownError, "MASTERDOWN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+    (redis.exceptions.BusyLoadingError, "LOADING"),
+)
 # what a server that cannot take our writes now raises, reachable or not: wait, never crash
 # (redis-py's own classes too, for clients not built by client_from_url)
 UNAVAILABLE_ERRORS = (*NETWORK_ERRORS, ServerRefused, redis.exceptions.OutOfMemoryError,
@@ -96,13 +119,13 @@ class AsyncRefusalParser(AsyncDefaultParser):  # type: ignore[misc,valid-type]
 
 
 def refusal_code(exc: BaseException) -> str | None:
-    """The server's error code when ``exc`` is a refusal (``OOM``, ``READONLY``...), else None."""
+    """The server's error code when ``exc`` is a refusal (``OOM``, ``READONLY``,
+    ``CLUSTERDOWN``, ``LOADING``...), else None."""
     if isinstance(exc, ServerRefused):
         return exc.code
-    if isinstance(exc, redis.exceptions.OutOfMemoryError):
-        return "OOM"
-    if isinstance(exc, redis.exceptions.ReadOnlyError):
-        return "READONLY"
+    for cls, code in _REDIS_PY_REFUSALS:
+        if isinstance(exc, cls):
+            return code
     return None
 
 
@@ -230,7 +253,18 @@ def connect(url: str | None = None, **options: Any) -> Client:
     return client_from_url(url or DEFAULT_URL, **options)
 
 
+class RefusalPool(redis.ConnectionPool):
+    """A node's pool in a cluster client, its connections parsing with RefusalParser
+    (redis-py's cluster client passes no parser class on to its nodes)."""
+
+    def __init__(self, connection_class: type[Any] = redis.connection.Connection,
+                 max_connections: int | None = None, **connection_kwargs: Any) -> None:
+        connection_kwargs.setdefault("parser_class", RefusalParser)
+        super().__init__(connection_class, max_connections, **connection_kwargs)
+
+
 def _cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
+    options.setdefault("connection_pool_class", RefusalPool)
     try:
         return RedisCluster.from_url(_cluster_url(url), **options)
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
@@ -386,19 +420,61 @@ def _wait_replicas(client: Client, key: str, replicas: int, timeout_ms: int) -> 
 
 def connect_async(url: str | None = None, **options: Any) -> Any:
     """The asyncio client for ``url``: ``redis.asyncio.RedisCluster`` for a cluster node,
-    else ``redis.asyncio.Redis`` (detection as in :func:`connect`)."""
+    else ``redis.asyncio.Redis`` (detection as in :func:`connect`). Refusals (OOM,
+    READONLY...) raise the classes of :data:`REFUSALS` on both."""
     import redis.asyncio
-    import redis.asyncio.cluster
 
     url = url or DEFAULT_URL
     options.setdefault("socket_connect_timeout", 5.0)
     options.setdefault("socket_timeout", 10.0)
     try:
+        _tls_options(url, options)
         if cluster_mode(url, options):
-            return redis.asyncio.cluster.RedisCluster.from_url(_cluster_url(url), **options)
+            return async_cluster_from_url(url, **options)
+        options.setdefault("parser_class", AsyncRefusalParser)
         return redis.asyncio.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
+
+
+def async_cluster_from_url(url: str, **options: Any) -> Any:
+    """A ``redis.asyncio.RedisCluster`` for the cluster ``url``'s node belongs to, its
+    connections answering refusals with the classes of :data:`REFUSALS`.
+
+    Options are the cluster client's (timeouts, ``max_connections`` per node, TLS files);
+    the URL's ``/0`` path, if any, is dropped (a cluster has only database 0).
+    """
+    import redis.asyncio.cluster
+
+    options.pop("parser_class", None)  # the cluster client takes none: set below
+    try:
+        client = redis.asyncio.cluster.RedisCluster.from_url(_cluster_url(url), **options)
+    except redis.exceptions.RedisClusterException as exc:
+        raise ConnectionFailed(f"cannot use the cluster at {redact_url(url)}: {exc}") from exc
+    use_refusal_parser(client)
+    return client
+
+
+def use_refusal_parser(client: Any) -> None:
+    """Make an asyncio cluster client's connections (to nodes known now and found later)
+    parse with :class:`AsyncRefusalParser`; its constructor takes no parser class."""
+    client.connection_kwargs["parser_class"] = AsyncRefusalParser  # shared with its nodes manager
+    for node in client.startup_nodes:
+        node.connection_kwargs["parser_class"] = AsyncRefusalParser
+
+
+def is_async_cluster(client: object) -> bool:
+    """Whether ``client`` is a ``redis.asyncio.RedisCluster``."""
+    import redis.asyncio.cluster
+
+    return isinstance(client, redis.asyncio.cluster.RedisCluster)
+
+
+async def async_node_of(client: Any, key: str) -> Any:
+    """The ``ClusterNode`` owning ``key``'s slot, for an asyncio cluster client (its slot
+    map read first if it was not yet)."""
+    await client.initialize()  # a no-op once the slot map was read (lazily, on first use)
+    return client.get_node_from_key(key)
 
 
 @contextlib.contextmanager

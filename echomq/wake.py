@@ -220,8 +220,13 @@ class Doorbell:
             self.reset()
             self.lost = True
             raise
-        except (redis.exceptions.AskError, redis.exceptions.ClusterDownError,
-                redis.exceptions.TryAgainError) as exc:
+        except (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError):
+            # the cluster refuses for now (no master for a slot, a slot half moved): raised
+            # as it came, so the owner reports the refusal by its code, then re-arms
+            self.reset()
+            self.lost = True
+            raise
+        except redis.exceptions.AskError as exc:
             self._redirected(exc)
             # as a lost connection: the owner unregisters the closed socket and re-arms
             raise redis.exceptions.ConnectionError(f"doorbell key served elsewhere: {exc}") \
@@ -229,15 +234,12 @@ class Doorbell:
         self.armed_at = None
         return reply
 
-    def _redirected(self, exc: redis.exceptions.ResponseError) -> None:
-        """The slot is served elsewhere (MOVED), is moving (ASK) or has no master yet."""
+    def _redirected(self, exc: redis.exceptions.AskError) -> None:
+        """The slot is served elsewhere (MOVED, an AskError too) or is moving (ASK)."""
         self.reset()
-        if isinstance(exc, redis.exceptions.AskError):  # MovedError is an AskError too
-            asking = not isinstance(exc, redis.exceptions.MovedError)
-            self.redirect = (exc.host, int(exc.port), asking)
-            learn_redirect(self.client, exc)
-        else:
-            self.lost = True
+        asking = not isinstance(exc, redis.exceptions.MovedError)
+        self.redirect = (exc.host, int(exc.port), asking)
+        learn_redirect(self.client, exc)
 
     def overdue(self) -> bool:
         """The reply is later than the block plus a grace: treat the connection as dead."""

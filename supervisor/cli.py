@@ -24,6 +24,7 @@ from echomq.supervisor.settings import (
 )
 
 from echomq.errors import ConfigError, EchoMQError, FloorError, FloorSchemaError, HandlerNotFound
+from echomq.ops.access import TOKEN_ENV as DASHBOARD_TOKEN_ENV
 
 EXIT_USAGE = 2
 
@@ -88,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"serve the dashboard at / of the health port "
                        f"{_env_help('dashboard')}")
     start.add_argument("--dashboard-actions", action="store_true", default=None,
-                       help="let the dashboard retry, cancel, pause and resume "
+                       help="let the dashboard retry, cancel, pause and resume, for holders "
+                       "of the token in ECHOMQ_DASHBOARD_TOKEN (required) "
                        f"{_env_help('dashboard_actions')}")
 
     migrate = sub.add_parser("migrate", help="upgrade the floor's schema to head")
@@ -255,6 +257,9 @@ def cmd_start(args: argparse.Namespace) -> int:
                         dashboard_actions=settings.dashboard_actions)
         health.start()
         arbiter.forget_in_child.append(health.forget_in_child)
+    # read by the dashboard (if any) by now: consumers, and the handler code they run,
+    # are forked without the operator token
+    os.environ.pop(DASHBOARD_TOKEN_ENV, None)
     try:
         return arbiter.run()
     finally:

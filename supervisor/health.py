@@ -21,6 +21,7 @@ from echomq.supervisor.signals import sever
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from echomq.connection import client_from_url
+from echomq.ops.dashboard import request_headers
 
 CONTENT_TYPE_METRICS = CONTENT_TYPE_LATEST
 REQUEST_TIMEOUT_S = 5.0  # a request that has not arrived by then is dropped
@@ -83,6 +84,7 @@ class Health:
         if dashboard:
             from echomq.ops.dashboard import Dashboard
 
+            # actions need ECHOMQ_DASHBOARD_TOKEN: without it this raises ConfigError
             self.dashboard = Dashboard(client_from_url(redis_url, socket_timeout=5.0),
                                        allow_actions=dashboard_actions)
         self.server = BoundedHTTPServer((host, port), self._handler_class(), max_connections)
@@ -163,7 +165,8 @@ class Health:
                 elif path == "/metrics":
                     self._send(200, CONTENT_TYPE_METRICS, health.metrics())
                 elif health.dashboard is not None:
-                    self._send(*health.dashboard.handle("GET", self.path))
+                    self._send(*health.dashboard.handle("GET", self.path, b"",
+                                                        request_headers(self.headers)))
                 else:
                     self._send(404, "text/plain", b"not found\n")
 
@@ -172,7 +175,8 @@ class Health:
                     self._send(404, "text/plain", b"not found\n")
                     return
                 length = min(int(self.headers.get("Content-Length") or 0), 64 * 1024)
-                self._send(*health.dashboard.handle("POST", self.path, self.rfile.read(length)))
+                self._send(*health.dashboard.handle("POST", self.path, self.rfile.read(length),
+                                                    request_headers(self.headers)))
 
             def _json(self, code: int, body: dict[str, Any]) -> None:
                 self._send(code, "application/json", json.dumps(body).encode() + b"\n")

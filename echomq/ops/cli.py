@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8081)
     p.add_argument("--allow-actions", action="store_true",
-                   help="show retry/cancel/pause buttons (read-only without)")
+                   help="offer retry/cancel/pause/resume to holders of the token in "
+                   "ECHOMQ_DASHBOARD_TOKEN, which must be set (read-only without)")
     return parser
 
 

@@ -4,15 +4,16 @@
 with (status, content type, body); ``serve`` runs it on a standard-library
 HTTP server (``echomq dashboard``), and the supervisor's health server mounts
 the same object at ``/`` when started with ``--dashboard``. Read-only unless
-built with ``allow_actions``; then POST /action (retry, cancel, pause, resume)
-must carry the per-process form token, so another site cannot post to it.
+built with ``allow_actions``, which needs the operator token
+(``ECHOMQ_DASHBOARD_TOKEN``); then POST /action (retry, cancel, pause, resume)
+must prove it: see :mod:`echomq.ops.access`. GETs never change anything.
 """
 
 from __future__ import annotations
 
-import secrets
 import signal
 import threading
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -23,6 +24,7 @@ from echomq.connection import describe
 from echomq.errors import EchoMQError
 from echomq.keys import validate_job_id, validate_name
 from echomq.ops import page
+from echomq.ops.access import access_for
 from echomq.ops.history import History
 from echomq.ops.views import summary
 from echomq.queue import Queue
@@ -31,16 +33,29 @@ Response = tuple[int, str, bytes, dict[str, str]]
 HTML = "text/html; charset=utf-8"
 DEAD_SHOWN = 20
 ACTIONS = ("retry", "cancel", "pause", "resume")
+TEXT = "text/plain; charset=utf-8"
+PASSED_HEADERS = ("authorization", "cookie")  # what handle() reads of a request's headers
 
 
 class Dashboard:
     """Renders the page and performs the allowed actions for one server."""
 
     def __init__(self, client: redis.Redis, *, allow_actions: bool = False,
-                 history: History | None = None) -> None:
+                 history: History | None = None, token: str | None = None) -> None:
+        """The dashboard of the server ``client`` talks to.
+
+        Args:
+            client: the server's client.
+            allow_actions: offer retry, cancel, pause and resume to token holders.
+            history: the rates sampler (one is made when None).
+            token: the operator token; default ``ECHOMQ_DASHBOARD_TOKEN``.
+
+        Raises:
+            ConfigError: ``allow_actions`` without a token (see :func:`access_for`).
+        """
         self.client = client
         self.allow_actions = allow_actions
-        self.token = secrets.token_urlsafe(16)
+        self.access = access_for(allow_actions, token)
         self.where = describe(client)
         self.history = history or History(self._totals)
 
@@ -57,28 +72,44 @@ class Dashboard:
 
     # --- requests ---------------------------------------------------------------------
 
-    def handle(self, method: str, target: str, body: bytes = b"") -> Response:
+    def handle(self, method: str, target: str, body: bytes = b"",
+               headers: Mapping[str, str] | None = None) -> Response:
+        """Answer one request. ``headers``: the request's, names in lower case (only
+        ``authorization`` and ``cookie`` are read)."""
         url = urlsplit(target)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        heads = {k.lower(): v for k, v in (headers or {}).items()}
         try:
             if method == "GET" and url.path == "/":
                 return self._ok(self.render(query.get("queue"), query.get("job"),
-                                            query.get("notice", "")))
-            if method == "POST" and url.path == "/action":
-                return self.act({k: v[0] for k, v in parse_qs(body.decode()).items()})
+                                            query.get("notice", ""),
+                                            signed_in=self._signed_in(heads)))
+            if method == "GET" and url.path == "/login" and self.access is not None:
+                return self._ok(page.login_page(self.where, self.access.form_token,
+                                                failed="failed" in query))
+            if method == "POST" and url.path in ("/action", "/login", "/logout"):
+                form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+                if url.path == "/login":
+                    return self.login(form)
+                if url.path == "/logout":
+                    return self.logout(form)
+                return self.act(form, heads)
         except (EchoMQError, ValueError) as exc:
-            return 400, "text/plain; charset=utf-8", f"{exc}\n".encode(), {}
+            return 400, TEXT, f"{exc}\n".encode(), {}
         except redis.exceptions.RedisError as exc:
-            return (503, "text/plain; charset=utf-8",
-                    f"Valkey/Redis at {self.where}: {exc}\n".encode(), {})
-        return 404, "text/plain; charset=utf-8", b"not found\n", {}
+            return 503, TEXT, f"Valkey/Redis at {self.where}: {exc}\n".encode(), {}
+        return 404, TEXT, b"not found\n", {}
 
     def _ok(self, text: str) -> Response:
         return 200, HTML, text.encode(), {"Cache-Control": "no-store"}
 
+    def _signed_in(self, headers: Mapping[str, str]) -> bool:
+        return self.access is not None and self.access.session_ok(headers)
+
     def render(self, queue: str | None = None, job_id: str | None = None,
-               notice: str = "") -> str:
-        token = self.token if self.allow_actions else None
+               notice: str = "", *, signed_in: bool = False) -> str:
+        """The page; buttons (with the form token) only for a signed-in operator."""
+        token = self.access.form_token if self.access is not None and signed_in else None
         names = Queue.registered(self.client)
         rows = [summary(Queue(n, redis=self.client)) for n in names]
         parts = [page.queues_table(rows, token)]
@@ -90,15 +121,46 @@ class Dashboard:
                                            q.jobs("dead", limit=DEAD_SHOWN), token))
             if job_id:
                 parts.insert(1, page.job_detail(q.name, q.get(validate_job_id(job_id)), token))
+        account = ""
+        if self.access is not None:
+            account = page.logout_form(self.access.form_token) if signed_in else \
+                page.login_link()
         return page.page(self.where, self.allow_actions, "".join(parts),
-                         refresh=not job_id, notice=notice)
+                         refresh=not job_id, notice=notice, account=account)
 
-    def act(self, form: dict[str, str]) -> Response:
-        if not self.allow_actions:
-            return 403, "text/plain; charset=utf-8", b"read-only: start the dashboard with " \
-                b"--allow-actions to retry, cancel, pause or resume\n", {}
-        if not secrets.compare_digest(form.get("token", ""), self.token):
-            return 403, "text/plain; charset=utf-8", b"stale or missing form token: reload\n", {}
+    def login(self, form: dict[str, str]) -> Response:
+        """POST /login: the token from the login form opens a session (a cookie)."""
+        if self.access is None:
+            return 404, TEXT, b"not found\n", {}
+        if not self.access.form_ok(form):
+            return 403, TEXT, b"stale or missing form token: reload the login page\n", {}
+        if not self.access.token_ok(form.get("token", "")):
+            # back to the form, saying so (the token typed is not echoed anywhere)
+            return 303, TEXT, b"wrong dashboard token\n", {"Location": "/login?failed=1"}
+        return 303, TEXT, b"", {"Location": "/", "Set-Cookie": self.access.login_cookie()}
+
+    def logout(self, form: dict[str, str]) -> Response:
+        """POST /logout: end the session."""
+        if self.access is None:
+            return 404, TEXT, b"not found\n", {}
+        if not self.access.form_ok(form):
+            return 403, TEXT, b"stale or missing form token: reload\n", {}
+        return 303, TEXT, b"", {"Location": "/", "Set-Cookie": self.access.logout_cookie()}
+
+    def act(self, form: dict[str, str], headers: Mapping[str, str] | None = None) -> Response:
+        """POST /action: retry, cancel, pause or resume, for a holder of the token."""
+        heads = {k.lower(): v for k, v in (headers or {}).items()}
+        if self.access is None:
+            return 403, TEXT, b"read-only: start the dashboard with --allow-actions (and " \
+                b"ECHOMQ_DASHBOARD_TOKEN) to retry, cancel, pause or resume\n", {}
+        if not self.access.bearer_ok(heads):
+            if "authorization" in heads:
+                return 403, TEXT, b"wrong dashboard token\n", {}
+            if not self.access.session_ok(heads):
+                return 403, TEXT, b"actions need the dashboard token: log in at /login, or " \
+                    b"send Authorization: Bearer <token>\n", {}
+            if not self.access.form_ok(form):
+                return 403, TEXT, b"stale or missing form token: reload\n", {}
         action = form.get("action", "")
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}")
@@ -117,7 +179,13 @@ class Dashboard:
             q.resume()
             notice = f"resumed {q.name}"
         where = "/?" + urlencode({"queue": q.name, "notice": notice})
-        return 303, "text/plain; charset=utf-8", b"", {"Location": where}
+        return 303, TEXT, b"", {"Location": where}
+
+
+def request_headers(headers: Any) -> dict[str, str]:
+    """The request headers :meth:`Dashboard.handle` reads, from http.server's ``headers``."""
+    return {name: value for name in PASSED_HEADERS
+            if (value := headers.get(name)) is not None}
 
 
 def handler_class(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
@@ -130,7 +198,8 @@ def handler_class(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
             self._answer("POST", self.rfile.read(length))
 
         def _answer(self, method: str, body: bytes) -> None:
-            code, ctype, payload, headers = dashboard.handle(method, self.path, body)
+            code, ctype, payload, headers = dashboard.handle(method, self.path, body,
+                                                             request_headers(self.headers))
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(payload)))
@@ -146,7 +215,11 @@ def handler_class(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
 
 
 def serve(client: redis.Redis, host: str, port: int, *, allow_actions: bool = False) -> None:
-    """Serve the dashboard until SIGINT or SIGTERM."""
+    """Serve the dashboard until SIGINT or SIGTERM.
+
+    Raises:
+        ConfigError: ``allow_actions`` without ``ECHOMQ_DASHBOARD_TOKEN``.
+    """
     dashboard = Dashboard(client, allow_actions=allow_actions).start()
     server = ThreadingHTTPServer((host, port), handler_class(dashboard))
     server.daemon_threads = True

@@ -2,7 +2,8 @@
 
 No scripts and nothing fetched from elsewhere (machines may have no internet);
 every value is escaped. Forms (retry, cancel, pause, resume) appear only when
-actions are allowed, and carry the server's form token.
+actions are allowed and the operator signed in with the dashboard token, and
+carry the server's form token; the token itself is never written into a page.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ def link(**params: str) -> str:
 
 
 def action_form(token: str, action: str, label: str, queue: str, job: str = "") -> str:
-    """A POST form with one button for a dashboard action, carrying the form token."""
-    fields = {"action": action, "queue": queue, "token": token}
+    """A POST form for one action; ``token`` is the form token (never the dashboard's)."""
+    fields = {"action": action, "queue": queue, "csrf": token}
     if job:
         fields["job"] = job
     hidden = "".join(f'<input type="hidden" name="{k}" value="{esc(v)}">'
@@ -189,8 +190,35 @@ def job_detail(queue: str, job: Any, token: str | None) -> str:
     return "".join(parts) + "</section>"
 
 
-def page(where: str, allow_actions: bool, body: str, refresh: bool, notice: str = "") -> str:
-    """The whole HTML page around ``body``: style, mode banner and optional auto-refresh."""
+def login_link() -> str:
+    """The header's link to the login form."""
+    return '<a id="login" href="/login" style="color:#fff">log in to act</a>'
+
+
+def logout_form(form_token: str) -> str:
+    """The header's log out button (a POST form carrying the form token)."""
+    return ('<form method="post" action="/logout" id="logout">'
+            f'<input type="hidden" name="csrf" value="{esc(form_token)}">'
+            '<button type="submit">log out</button></form>')
+
+
+def login_page(where: str, form_token: str, failed: bool = False) -> str:
+    """The form where an operator enters the dashboard token (sent once, by POST)."""
+    wrong = '<p class="err" id="login-failed">wrong dashboard token</p>' if failed else ""
+    body = ('<section id="login-form"><h2>Log in to act</h2>'
+            "<p>Retry, cancel, pause and resume need the dashboard token "
+            f"(<code>ECHOMQ_DASHBOARD_TOKEN</code>).</p>{wrong}"
+            '<form method="post" action="/login">'
+            f'<input type="hidden" name="csrf" value="{esc(form_token)}">'
+            '<input type="password" name="token" autocomplete="current-password" '
+            'aria-label="dashboard token" size="40" required> '
+            '<button type="submit">Log in</button></form></section>')
+    return page(where, True, body, refresh=False)
+
+
+def page(where: str, allow_actions: bool, body: str, refresh: bool, notice: str = "",
+         account: str = "") -> str:
+    """The whole page around ``body``; ``account``: the log in link or log out form."""
     mode = "actions allowed" if allow_actions else "read-only"
     meta = '<meta http-equiv="refresh" content="10">' if refresh else ""
     note = f'<section id="notice">{esc(notice)}</section>' if notice else ""
@@ -200,6 +228,6 @@ def page(where: str, allow_actions: bool, body: str, refresh: bool, notice: str 
         f'<link rel="icon" href="data:,">{meta}<title>EchoMQ</title><style>{STYLE}</style>'
         f'</head><body><header><h1><a href="/" style="color:#fff">EchoMQ</a></h1>'
         f"<span>{esc(where)}</span><span>{mode}</span>"
-        f"<span>{datetime.now(UTC).strftime('%H:%M:%S UTC')}</span></header>"
+        f"<span>{datetime.now(UTC).strftime('%H:%M:%S UTC')}</span>{account}</header>"
         f"<main>{note}{body}</main></body></html>"
     )

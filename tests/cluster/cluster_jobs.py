@@ -7,6 +7,7 @@ evidence of what ran.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -31,5 +32,16 @@ def record(job) -> str:  # type: ignore[no-untyped-def]
         raise RuntimeError("first attempt fails")
     if p.get("sleep"):
         time.sleep(float(p["sleep"]))  # simulated work inside the job
+    _ledger().rpush(f"ledger:{job.queue}:done", job.id)
+    return "ok"
+
+
+async def record_async(job) -> str:  # type: ignore[no-untyped-def]
+    """``record`` for the event loop of a concurrent consumer (``sleep`` awaited)."""
+    p = job.payload if isinstance(job.payload, dict) else {}
+    if p.get("fail_first") and job.attempts == 1:
+        raise RuntimeError("first attempt fails")
+    if p.get("sleep"):
+        await asyncio.sleep(float(p["sleep"]))
     _ledger().rpush(f"ledger:{job.queue}:done", job.id)
     return "ok"

@@ -89,10 +89,11 @@ class Supervisor:
     """``echomq-supervisor start`` over a config file of queues, its log collected."""
 
     def __init__(self, redis_url: str, queues: list[str], ledger_url: str, tmp: Path,
-                 *args: str, processes: int = 1, env: dict[str, str] | None = None) -> None:
+                 *args: str, processes: int = 1, env: dict[str, str] | None = None,
+                 handler: str = "cluster_jobs:record") -> None:
         config = tmp / f"queues-{uuid.uuid4().hex[:6]}.json"
         config.write_text(json.dumps({"queues": [
-            {"name": q, "handler": "cluster_jobs:record", "processes": processes}
+            {"name": q, "handler": handler, "processes": processes}
             for q in queues]}))
         full_env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
                     "ECHOMQ_TEST_LEDGER_URL": ledger_url, **(env or {})}

@@ -184,3 +184,22 @@ def test_slot_migration_while_draining_loses_nothing_and_runs_nothing_twice(
     assert q.counts()["completed"] == 320
     assert connection.node_client(rc, q.keys.wake).connection_pool.connection_kwargs[
         "port"] == target.port
+
+
+@pytest.mark.parametrize("handler", ["cluster_jobs:record", "cluster_jobs:record_async"])
+def test_concurrent_consumers_drain_queues_on_every_node(
+        cluster: LocalCluster, rc: RedisCluster, r: redis.Redis,
+        supervisor: Callable[..., Supervisor], handler: str) -> None:
+    names = spread_queues(rc, 6)
+    sup = supervisor(cluster.url, names, "--concurrency", "4", "--beat-ms", "200",
+                     handler=handler)
+    sup.wait_for_log(r"consumer \d+ started", len(names))
+    ids = echomq.add_many({n: [("c", {"sleep": 0.01}) for _ in range(40)] for n in names},
+                          redis=rc)
+    queues = [echomq.Queue(n, redis=rc) for n in names]
+    wait_until(lambda: all(q.counts()["completed"] == 40 for q in queues), 90,
+               "every job of every queue to complete")
+    for n in names:
+        assert _done(r, n) == Counter({job_id: 1 for job_id in ids[n]}), n
+    assert sup.stop() == 0, sup.log[-3000:]
+    assert "Traceback" not in sup.log, sup.log[-3000:]

@@ -286,3 +286,21 @@ def test_200_aio_waiters_cost_one_connection_each_and_no_commands(private_redis:
 
     assert len(_run(main())) == 200
     r.close()
+
+
+def test_cancel_pause_resume_and_counts_match_the_sync_queue(redis_url: str,
+                                                             queue_name: str) -> None:
+    async def main() -> tuple[bool, bool, dict[str, int], bool, bool]:
+        aq = echomq.aio.Queue(queue_name, redis_url=redis_url)
+        later = await aq.add("later", {}, delay=60)
+        await aq.add("now", {})
+        cancelled, again = await aq.cancel(later), await aq.cancel(later)
+        counts = await aq.counts()
+        paused, resumed = await aq.pause(), await aq.resume()
+        await aq.close()
+        return cancelled, again, counts, paused, resumed
+
+    cancelled, again, counts, paused, resumed = _run(main())
+    assert (cancelled, again, paused, resumed) == (True, False, True, True)
+    assert counts == echomq.Queue(queue_name, redis_url=redis_url).counts()
+    assert counts["cancelled"] == 1 and counts["waiting"] == 1

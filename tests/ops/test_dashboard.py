@@ -8,6 +8,7 @@ browser is ever downloaded.
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ import echomq
 from .conftest import CONSOLE_SCRIPT, make_dead
 
 CHROMIUM = os.environ.get("ECHOMQ_CHROMIUM", "/usr/bin/chromium")
+TOKEN = "dash-Token-Sentinel-4711-abcdef"
 
 
 def _need(what: str) -> None:
@@ -38,14 +40,17 @@ def _need(what: str) -> None:
 
 
 class DashboardProcess:
-    def __init__(self, redis_url: str, *flags: str) -> None:
+    def __init__(self, redis_url: str, *flags: str, token: str | None = TOKEN) -> None:
         self.port = free_port()
         cmd = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [
             sys.executable, "-m", "echomq.ops.cli"]
+        env = {k: v for k, v in os.environ.items() if k != "ECHOMQ_DASHBOARD_TOKEN"}
+        if token is not None:
+            env["ECHOMQ_DASHBOARD_TOKEN"] = token
         self.proc = subprocess.Popen(
             [*cmd, "--redis-url", redis_url, "dashboard", "--port", str(self.port), *flags],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            stdin=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # blocks until the server is listening (or died)
         assert "echomq dashboard on http://127.0.0.1:" in line, line + self.proc.stdout.read()
@@ -55,13 +60,35 @@ class DashboardProcess:
         self.proc.terminate()
         return self.proc.wait(15)
 
+    def post(self, path: str, form: dict[str, str], headers: dict[str, str] | None = None
+             ) -> tuple[int, dict[str, str], str]:
+        """POST a form without following the answer's redirect."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("POST", path, urllib.parse.urlencode(form),
+                         {"Content-Type": "application/x-www-form-urlencoded",
+                          **(headers or {})})
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, \
+                resp.read().decode()
+        finally:
+            conn.close()
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+        req = urllib.request.Request(self.url.rstrip("/") + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return int(resp.status), resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode()
+
 
 @pytest.fixture
 def dashboard(redis_url: str) -> Iterator[Any]:
     started: list[DashboardProcess] = []
 
-    def start(*flags: str) -> DashboardProcess:
-        started.append(DashboardProcess(redis_url, *flags))
+    def start(*flags: str, token: str | None = TOKEN) -> DashboardProcess:
+        started.append(DashboardProcess(redis_url, *flags, token=token))
         return started[-1]
 
     yield start
@@ -111,6 +138,21 @@ def test_page_shows_counts_and_retry_moves_a_dead_job(browser: Any, dashboard: A
     assert page.locator("#pause-state").inner_text() == "running"
     assert "mailbox full" in page.locator(f'#dead tr[data-job="{dead[0]}"]').inner_text()
     assert page.locator("#lanes").inner_text().count("user-") == 2
+    # actions need the token: no button until the operator logs in with it
+    assert page.locator("button[data-action]").count() == 0
+    page.locator("#login").click()
+    page.wait_for_url(re.compile(r".*/login$"))
+    page.fill('input[name="token"]', "not-the-token-at-all")
+    page.locator('#login-form button[type="submit"]').click()
+    page.wait_for_url(re.compile(r".*/login\?failed=1$"))
+    assert page.locator("#login-failed").inner_text() == "wrong dashboard token"
+    page.fill('input[name="token"]', TOKEN)
+    page.locator('#login-form button[type="submit"]').click()
+    page.wait_for_url(d.url)
+    cookie = next(c for c in page.context.cookies() if c["name"] == "echomq_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and TOKEN not in cookie["value"]
+    page.goto(d.url + "?" + urllib.parse.urlencode({"queue": queue_name}))
+    assert TOKEN not in page.content()
     shot = Path(os.environ.get("ECHOMQ_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png")
     page.screenshot(path=str(shot), full_page=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -128,8 +170,12 @@ def test_page_shows_counts_and_retry_moves_a_dead_job(browser: Any, dashboard: A
     row.locator('button[data-action="pause"]').click()
     page.wait_for_url(re.compile(r".*notice=paused.*"))
     assert q.is_paused() and page.locator("#pause-state").inner_text() == "paused"
+    page.locator("#logout button").click()
+    page.wait_for_url(d.url)
+    assert page.locator("button[data-action]").count() == 0
     assert problems == []
     assert d.stop() == 0
+    assert TOKEN not in d.proc.stdout.read()  # type: ignore[union-attr]
 
 
 def test_read_only_page_has_no_buttons_and_refuses_posts(browser: Any, dashboard: Any,
@@ -154,12 +200,76 @@ def test_read_only_page_has_no_buttons_and_refuses_posts(browser: Any, dashboard
     assert q.get(dead).state == "dead"  # type: ignore[union-attr]
 
 
-def test_actions_need_the_form_token(dashboard: Any, redis_url: str, queue_name: str) -> None:
+def test_actions_need_the_dashboard_token(dashboard: Any, redis_url: str,
+                                         queue_name: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     [dead] = make_dead(q, 1)
     d = dashboard("--allow-actions")
-    body = urllib.parse.urlencode({"action": "retry", "queue": queue_name, "job": dead,
-                                   "token": "guessed"}).encode()
-    with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(urllib.request.Request(d.url + "action", data=body), timeout=10)
-    assert err.value.code == 403 and q.get(dead).state == "dead"  # type: ignore[union-attr]
+    form = {"action": "retry", "queue": queue_name, "job": dead}
+    # no token at all, a guessed form token, a wrong bearer token: refused, nothing done
+    for headers, extra in (({}, {}), ({}, {"csrf": "guessed", "token": "guessed"}),
+                           ({"Authorization": "Bearer wrong-token-wrong-token"}, {}),
+                           ({"Authorization": f"Basic {TOKEN}"}, {})):
+        code, _, body = d.post("/action", {**form, **extra}, headers)
+        assert code == 403, (headers, body)
+        assert TOKEN not in body
+    assert q.get(dead).state == "dead"  # type: ignore[union-attr]
+    # a login with the wrong token sets no cookie
+    _, page = d.get("/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert csrf is not None and TOKEN not in page
+    code, heads, _ = d.post("/login", {"csrf": csrf[1], "token": "wrong-token-wrong-token"})
+    assert code == 303 and heads["location"] == "/login?failed=1" and "set-cookie" not in heads
+    assert d.post("/login", {"csrf": "guessed", "token": TOKEN})[0] == 403
+    # the session cookie alone is not enough: a posted form needs the form token too
+    code, heads, _ = d.post("/login", {"csrf": csrf[1], "token": TOKEN})
+    assert code == 303 and TOKEN not in heads["set-cookie"]
+    session = heads["set-cookie"].split(";")[0]
+    assert d.post("/action", form, {"Cookie": session})[0] == 403
+    assert d.post("/action", form, {"Cookie": "echomq_session=forged"})[0] == 403
+    assert q.get(dead).state == "dead"  # type: ignore[union-attr]
+    # the right bearer token acts (scripts and curl need no form token)
+    code, heads, _ = d.post("/action", form, {"Authorization": f"Bearer {TOKEN}"})
+    assert code == 303 and "notice=retried+1" in heads["location"]
+    assert q.get(dead).state == "waiting"  # type: ignore[union-attr]
+    # and so does a signed-in browser form
+    code, heads, _ = d.post("/action", {"action": "pause", "queue": queue_name,
+                                        "csrf": csrf[1]}, {"Cookie": session})
+    assert code == 303 and q.is_paused()
+    # GETs change nothing, whatever they carry
+    assert d.get(f"/action?action=resume&queue={queue_name}",
+                 {"Authorization": f"Bearer {TOKEN}"})[0] == 404
+    assert q.is_paused()
+    _, signed_in = d.get(f"/?queue={queue_name}", {"Cookie": session})
+    assert 'data-action="resume"' in signed_in and TOKEN not in signed_in
+    _, anonymous = d.get(f"/?queue={queue_name}")
+    assert "data-action" not in anonymous and 'id="login"' in anonymous
+    assert d.stop() == 0
+    assert TOKEN not in d.proc.stdout.read()  # type: ignore[union-attr]
+
+
+def test_allow_actions_without_a_token_refuses_to_start(redis_url: str) -> None:
+    cmd = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [
+        sys.executable, "-m", "echomq.ops.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "ECHOMQ_DASHBOARD_TOKEN"}
+    for token in (None, "Tiny7"):
+        run_env = env if token is None else {**env, "ECHOMQ_DASHBOARD_TOKEN": token}
+        done = subprocess.run([*cmd, "--redis-url", redis_url, "dashboard", "--port",
+                               str(free_port()), "--allow-actions"], capture_output=True,
+                              text=True, timeout=30, env=run_env, stdin=subprocess.DEVNULL)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "ECHOMQ_DASHBOARD_TOKEN" in done.stderr
+        assert "echomq dashboard on" not in done.stdout
+        if token is not None:
+            assert token not in done.stderr
+
+
+def test_read_only_dashboard_needs_no_token(dashboard: Any, redis_url: str,
+                                            queue_name: str) -> None:
+    echomq.Queue(queue_name, redis_url=redis_url).add("x", {})
+    d = dashboard(token=None)
+    code, page = d.get(f"/?queue={queue_name}")
+    assert code == 200 and "read-only" in page and 'id="login"' not in page
+    assert d.get("/login")[0] == 404
+    assert d.post("/action", {"action": "pause", "queue": queue_name},
+                  {"Authorization": f"Bearer {TOKEN}"})[0] == 403

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import traceback
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +39,8 @@ def _body(url: str) -> str:
             return resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.read().decode()
+    except urllib.error.URLError:
+        return ""  # not listening yet
 
 
 def _clean(text: str, where: str) -> None:
@@ -154,3 +157,84 @@ def test_drill_report_holds_no_password(throwaway_database: Callable[[str], str]
     _clean(done.stdout + done.stderr, "the drill report")
     report = json.loads(done.stdout)
     assert report["ok"], report
+
+
+DASHBOARD_TOKEN = "dashTok-Sentinel-Value-5533-xyz"
+
+
+def _request(url: str, data: bytes | None = None,
+             headers: dict[str, str] | None = None) -> tuple[int, str, dict[str, str]]:
+    """One request, redirects not followed: (status, body, headers)."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    req = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with opener.open(req, timeout=10) as resp:
+            return int(resp.status), resp.read().decode(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode(), dict(exc.headers)
+
+
+def test_dashboard_actions_without_a_token_stop_the_supervisor_at_start(
+        redis_url: str, queue_name: str, run_supervisor: Callable[..., Proc]) -> None:
+    sup = run_supervisor("start", "--redis-url", redis_url, "--queue", queue_name, "--handler",
+                         "sup_jobs:record", "--health-port", str(free_port()), "--dashboard",
+                         "--dashboard-actions", env={"ECHOMQ_DASHBOARD_TOKEN": ""})
+    assert sup.proc.wait(30) == 2
+    sup.reader.join(5)
+    assert "ECHOMQ_DASHBOARD_TOKEN" in sup.output, sup.output
+    assert "consumer" not in sup.output, sup.output  # nothing was forked
+
+
+def test_dashboard_token_is_needed_and_never_shown(
+        redis_url: str, queue_name: str, run_supervisor: Callable[..., Proc]) -> None:
+    """The health port's dashboard with actions: refused without the token or with a wrong
+    one, done with it; the token is in no page, error, metric or log line, and the
+    consumers (handler code) do not inherit it."""
+    port = free_port()
+    here = Path(__file__).resolve().parent
+    sup = run_supervisor(
+        "start", "--redis-url", redis_url, "--queue", queue_name, "--handler",
+        "sec_jobs:environ", "--health-port", str(port), "--dashboard", "--dashboard-actions",
+        "--beat-ms", "100",
+        env={"ECHOMQ_DASHBOARD_TOKEN": DASHBOARD_TOKEN,
+             "PYTHONPATH": f"{here}{os.pathsep}{ROOT}"})
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: '"live"' in _body(base + "/livez"), 20, "the health port")
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    seen = q.add("env", {"name": "ECHOMQ_DASHBOARD_TOKEN"})
+    assert q.result(seen, timeout=20) is None  # the handler's process has no token
+    outputs: list[tuple[str, str]] = []
+    pause = urllib.parse.urlencode({"action": "pause", "queue": queue_name}).encode()
+    for headers in ({}, {"Authorization": "Bearer " + DASHBOARD_TOKEN[::-1]},
+                    {"Cookie": "echomq_session=" + DASHBOARD_TOKEN}):
+        code, body, _ = _request(base + "/action", pause, headers)
+        assert code == 403, (headers, body)
+        outputs.append((f"/action refused with {list(headers)}", body))
+    assert not q.is_paused()
+    code, body, _ = _request(base + "/action", pause,
+                             {"Authorization": f"Bearer {DASHBOARD_TOKEN}"})
+    assert code == 303 and q.is_paused(), body
+    code, login, _ = _request(base + "/login")
+    csrf = login.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    code, body, heads = _request(base + "/login", urllib.parse.urlencode(
+        {"csrf": csrf, "token": DASHBOARD_TOKEN}).encode())
+    assert code == 303, body
+    session = heads["Set-Cookie"].split(";")[0]
+    outputs.append(("the session cookie", heads["Set-Cookie"]))
+    for page in ("/", f"/?queue={queue_name}", "/login", "/livez", "/readyz", "/metrics",
+                 "/?queue=bad%20name", f"/?queue={queue_name}&job=no/such"):
+        for headers in ({}, {"Cookie": session}):
+            outputs.append((page, _request(base + page, None, headers)[1]))
+    code, body, _ = _request(base + "/action", b"action=explode&queue=" + queue_name.encode(),
+                             {"Authorization": f"Bearer {DASHBOARD_TOKEN}"})
+    assert code == 400
+    outputs.append(("a bad action's error", body))
+    assert sup.stop() == 0
+    outputs.append(("the supervisor's log", sup.output))
+    for where, text in outputs:
+        assert DASHBOARD_TOKEN not in text, f"the dashboard token reached {where}:\n{text}"
