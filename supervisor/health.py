@@ -43,6 +43,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        """Take a connection slot (waiting while all are busy), then serve on a thread."""
         self.slots.acquire()  # frees within REQUEST_TIMEOUT_S: every socket has a timeout
         with self.count_lock:
             self.open += 1
@@ -54,6 +55,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve one connection on its thread, then free its slot."""
         try:
             super().process_request_thread(request, client_address)
         finally:
@@ -93,6 +95,7 @@ class Health:
 
     @property
     def port(self) -> int:
+        """The port the server is bound to (the one chosen when asked for 0)."""
         return int(self.server.server_address[1])
 
     def open_connections(self) -> int:
@@ -105,11 +108,13 @@ class Health:
         return self.server.most
 
     def start(self) -> None:
+        """Serve in a background thread; returns self."""
         self.thread.start()
         if self.dashboard is not None:
             self.dashboard.start()
 
     def stop(self) -> None:
+        """Stop serving and close the socket."""
         if self.dashboard is not None:
             self.dashboard.stop()
         self.server.shutdown()
@@ -122,11 +127,14 @@ class Health:
     # --- the three answers ----------------------------------------------------------
 
     def livez(self) -> tuple[int, dict[str, Any]]:
+        """`/livez`: 200 while the arbiter's loop turned recently, 503 once it stalls."""
         age = time.monotonic() - self.snapshot()["last_loop"]
         ok = age < self.live_after_s
         return (200 if ok else 503), {"live": ok, "loop_age_s": round(age, 3)}
 
     def readyz(self) -> tuple[int, dict[str, Any]]:
+        """`/readyz`: 200 when Valkey answers and each queue has a ready consumer and takes
+        writes, else 503 with the reason."""
         snap = self.snapshot()
         detail: dict[str, Any] = {"stopping": snap["stopping"], "queues": {}}
         try:
@@ -148,6 +156,7 @@ class Health:
         return (200 if ready else 503), detail
 
     def metrics(self) -> bytes:
+        """`/metrics`: the registry in Prometheus' text format."""
         return generate_latest(self.registry)
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:

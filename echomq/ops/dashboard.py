@@ -60,10 +60,12 @@ class Dashboard:
         self.history = history or History(self._totals)
 
     def start(self) -> Dashboard:
+        """Start sampling the throughput history; returns self."""
         self.history.start()
         return self
 
     def stop(self) -> None:
+        """Stop sampling."""
         self.history.stop()
 
     def _totals(self) -> dict[str, dict[str, Any]]:
@@ -189,6 +191,7 @@ def request_headers(headers: Any) -> dict[str, str]:
 
 
 def handler_class(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
+    """An http.server request handler class that answers through ``dashboard``."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             self._answer("GET", b"")
