@@ -4,10 +4,13 @@ Async handlers run as tasks on the loop, sync handlers in a pool of N threads.
 Claims fill the free slots plus a small prefetch buffer and are fused with
 settling the outcomes finished since the last round trip. A slot that frees
 up starts a buffered job at once, and the next round trip refills the buffer,
-so no slot idles for a round trip between two jobs. Buffered jobs are held
-(their leases extended) but not started: on a stop they are handed back
-unstarted, uncharged, and a consumer that dies holding them has them released
-the same way. Round trips go over an asyncio client of the loop's own,
+so no slot idles for a round trip between two jobs. The buffer holds about as
+many jobs as the slots finish in PREFETCH_WAIT_S at the mean run time seen so
+far (none before a job has finished, at most half the slots), so jobs that
+run long are left for idle consumers. Buffered jobs are held (their leases
+extended) but not started: on a stop they are handed back unstarted,
+uncharged, and a consumer that dies holding them has them released the same
+way. Round trips go over an asyncio client of the loop's own,
 so the loop never blocks on the server, and a few may overlap: a job that
 finishes while one is under way starts the next at once instead of waiting
 for it (under load they batch by themselves). When a claim comes back short
@@ -47,6 +50,11 @@ log = logging.getLogger("echomq.drain")
 MAX_CLAIM = 1000  # jobs one claim may lease: bounds one script's run time
 MAX_RETRY_WAIT_S = 2.0
 MAX_ROUND_TRIPS = 3  # overlapping round trips at most; past that, outcomes batch up
+# the buffer holds about as many jobs as the slots finish in this long (so a buffered job
+# starts within it), at most default_prefetch(): jobs long enough to keep a slot for a while
+# are left for idle consumers instead of waiting here
+PREFETCH_WAIT_S = 0.025
+RUN_TIME_WEIGHT = 0.1  # of each new job in the mean run time
 
 
 class ConcurrentDrain:
@@ -58,7 +66,10 @@ class ConcurrentDrain:
         self.runner = runner
         self.hooks = hooks
         self.concurrency = concurrency
-        self.prefetch = default_prefetch(concurrency) if prefetch is None else max(0, prefetch)
+        # the most jobs buffered; how many depends on the jobs' mean run time (none until
+        # one has finished)
+        self.max_prefetch = default_prefetch(concurrency) if prefetch is None else max(0, prefetch)
+        self.mean_run_s: float | None = None
         self.buffer: deque[Claimed] = deque()  # claimed, not started: they start as slots free
         self.handback: list[tuple[str, str]] = []  # unstarted jobs to release (when stopping)
         self.loop = asyncio.new_event_loop()
@@ -209,7 +220,7 @@ class ConcurrentDrain:
                 await asyncio.sleep(min(MAX_RETRY_WAIT_S, 0.05 * 2 ** min(self.failures, 6)))
                 self.blocked = False
             # jobs held or on their way: running, buffered, finished, settling, being claimed
-            room = self.concurrency + self.prefetch - (
+            room = self.concurrency + self.prefetch() - (
                 len(self.in_flight) + len(self.buffer) + len(self.done) + self.settling
                 + self.claiming)
             # a settle carries a claim for the free room even when dry: it costs no round trip
@@ -319,6 +330,15 @@ class ConcurrentDrain:
                             self.lanes.keys.queue, o.job_id)
         self.hooks.after_settle(outcomes, codes)
 
+    def prefetch(self) -> int:
+        """How many jobs to hold beyond the running ones: as many as the slots finish in
+        about PREFETCH_WAIT_S at the mean run time so far, at most ``max_prefetch``."""
+        if self.mean_run_s is None:
+            return 0
+        if self.mean_run_s * self.max_prefetch <= self.concurrency * PREFETCH_WAIT_S:
+            return self.max_prefetch
+        return int(self.concurrency * PREFETCH_WAIT_S / self.mean_run_s)
+
     def _take(self, batch: Sequence[Claimed]) -> None:
         """A claimed batch is held: start what free slots allow, buffer the rest."""
         if not batch:
@@ -351,10 +371,14 @@ class ConcurrentDrain:
         self.in_flight[claimed.id] = task
 
     async def _run_one(self, claimed: Claimed, job: Any, fn: Callable[..., Any]) -> None:
+        started = self.loop.time()
         try:
             outcome = await self.runner.run_async(claimed, job, fn, self.threads)
         finally:
             self.in_flight.pop(claimed.id, None)
+        ran = self.loop.time() - started
+        mean = self.mean_run_s
+        self.mean_run_s = ran if mean is None else mean + RUN_TIME_WEIGHT * (ran - mean)
         self.hooks.on_finish(claimed)
         self.done.append(outcome)
         if not self.stopping:
@@ -363,9 +387,8 @@ class ConcurrentDrain:
 
 
 def default_prefetch(concurrency: int) -> int:
-    """Jobs claimed beyond ``concurrency``, ready for the next free slot: half as many as
-    the slots (at least one), so a slot that frees up starts a job at once while the round
-    trip that refills the buffer is under way."""
+    """The most jobs claimed beyond ``concurrency``, ready for the next free slot: half as
+    many as the slots (at least one)."""
     return max(1, concurrency // 2)
 
 

@@ -1,6 +1,7 @@
 """The prefetch buffer under the supervisor: jobs claimed beyond the concurrency, not started.
 
-With ``--concurrency 20`` a child holds up to 30 jobs: 20 running and 10 buffered. A
+With ``--concurrency 20`` a child holds up to 30 jobs once it has seen jobs finish fast
+(the buffer holds what the slots finish in about 25 ms): 20 running and 10 buffered. A
 buffered job never ran, so handing it back (a drain, a recycle, a dead child) charges it
 nothing, and it runs exactly once afterwards.
 """
@@ -36,6 +37,9 @@ def _fill_running_and_buffer(supervisor: Start, redis_url: str, queue_name: str,
     q = echomq.Queue(queue_name, redis_url=redis_url)
     sup = supervisor(redis_url, queue_name, "--processes", "1", "--concurrency", "20",
                      "--handler", "sup_jobs:record_async", *args).started(1)
+    q.add_many([("x", {}) for _ in range(60)])  # fast jobs: the buffer grows to 10
+    wait_until(lambda: q.counts()["completed"] == 60, 10, "the fast jobs")
+    r.delete(f"ledger:{queue_name}:started", f"ledger:{queue_name}:done")
     ids = q.add_many([("x", {"gate": True}) for _ in range(30)])
     wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 20, 10, "20 running jobs")
     wait_until(lambda: q.counts()["active"] == 30, 10, "10 more jobs in the buffer")
@@ -53,7 +57,7 @@ def test_a_sigterm_drain_hands_buffered_jobs_back_unstarted_and_they_run_once(
     sup.wait_for_log(r"draining")
     r.rpush(f"ledger:{queue_name}:gate", *([1] * 20))
     assert sup.wait(20) == 0
-    assert q.counts() == {"waiting": 10, "scheduled": 0, "active": 0, "completed": 20,
+    assert q.counts() == {"waiting": 10, "scheduled": 0, "active": 0, "completed": 80,
                           "dead": 0, "cancelled": 0}
     for job_id in set(ids) - running:  # handed back uncharged: no attempt, no stall
         job = q.get(job_id)
@@ -61,7 +65,7 @@ def test_a_sigterm_drain_hands_buffered_jobs_back_unstarted_and_they_run_once(
     supervisor(redis_url, queue_name, "--processes", "1", "--concurrency", "20",
                "--handler", "sup_jobs:record_async").started(1)
     r.rpush(f"ledger:{queue_name}:gate", *([1] * 10))
-    wait_until(lambda: q.counts()["completed"] == 30, 20, "every job to complete")
+    wait_until(lambda: q.counts()["completed"] == 90, 20, "every job to complete")
     assert Counter(job_id for job_id, _, _ in _started(r, queue_name)) == {j: 1 for j in ids}
     assert all(q.get(j).attempts == 1 for j in ids)  # type: ignore[union-attr]
 
@@ -76,7 +80,7 @@ def test_a_killed_child_hands_buffered_jobs_back_uncharged_and_they_run_once(
     sup.wait_for_log(r"requeued 20, buried 0 \(mode stall\)")
     sup.wait_for_log(rf"consumer {pid} killed by SIGKILL, released 30 job")
     r.rpush(f"ledger:{queue_name}:gate", *([1] * 30))
-    wait_until(lambda: q.counts()["completed"] == 30, 20, "every job to complete")
+    wait_until(lambda: q.counts()["completed"] == 90, 20, "every job to complete")
     runs = Counter(job_id for job_id, _, _ in _started(r, queue_name))
     assert runs == {j: 2 if j in running else 1 for j in ids}
     for job_id in ids:  # a buffered job was never charged: one attempt, no stall
@@ -96,3 +100,18 @@ def test_a_recycle_with_a_full_buffer_loses_nothing_and_runs_each_job_once(
     runs = Counter(job_id for job_id, _, _ in _started(r, queue_name))
     assert runs == {j: 1 for j in ids}
     assert {(q.get(j).attempts, q.get(j).stalls) for j in ids} == {(1, 0)}  # type: ignore[union-attr]
+
+
+def test_jobs_that_run_long_are_not_buffered_but_left_for_other_consumers(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    supervisor(redis_url, queue_name, "--processes", "1", "--concurrency", "4",
+               "--handler", "sup_jobs:record_async").started(1)
+    q.add_many([("x", {"sleep": 0.3}) for _ in range(4)])  # 4 slots finish one in 75 ms
+    wait_until(lambda: q.counts()["completed"] == 4, 10, "the slow jobs")
+    r.delete(f"ledger:{queue_name}:started")
+    q.add_many([("x", {"gate": True}) for _ in range(6)])
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 4, 10, "4 running jobs")
+    assert q.counts()["active"] == 4 and q.counts()["waiting"] == 2
+    r.rpush(f"ledger:{queue_name}:gate", *([1] * 6))
+    wait_until(lambda: q.counts()["completed"] == 10, 10, "every job to complete")
