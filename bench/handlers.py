@@ -49,3 +49,40 @@ def io_sync(job: Any) -> None:
         record(job)
         return
     time.sleep(float((job.payload or {}).get("s", 0.05)))  # the simulated I/O wait itself
+
+
+_observed: dict[str, float] = {"jobs": 0, "ran_s": 0.0, "running": 0, "busy_s": 0.0,
+                               "first": 0.0, "last": 0.0}
+
+
+def _observe_slots() -> float:
+    """Add (jobs running) × (time since the last start or end) to the busy integral."""
+    now = time.monotonic()
+    if _observed["first"]:
+        _observed["busy_s"] += _observed["running"] * (now - _observed["last"])
+    else:
+        _observed["first"] = now
+    _observed["last"] = now
+    return now
+
+
+async def io_async_observed(job: Any) -> None:
+    """:func:`io_async` that also keeps, per process, how long its waits really took (the
+    event loop's lag included) and the time-integral of jobs running (slots busy), written
+    every 200 jobs to the hash ``bench:io:<pid>`` (jobs, ran_s, busy_s, window_s)."""
+    import asyncio
+
+    if job.name == "probe":
+        record(job)
+        return
+    started = _observe_slots()
+    _observed["running"] += 1
+    await asyncio.sleep(float((job.payload or {}).get("s", 0.05)))
+    ended = _observe_slots()
+    _observed["running"] -= 1
+    _observed["jobs"] += 1
+    _observed["ran_s"] += ended - started
+    if _observed["jobs"] % 200 == 0:
+        _redis().hset(f"bench:io:{os.getpid()}", mapping={
+            "jobs": _observed["jobs"], "ran_s": _observed["ran_s"],
+            "busy_s": _observed["busy_s"], "window_s": _observed["last"] - _observed["first"]})

@@ -1,9 +1,16 @@
 """The concurrent drain: up to N jobs in flight on an event loop owned by the consumer.
 
 Async handlers run as tasks on the loop, sync handlers in a pool of N threads.
-Claims fill the free slots and are fused with settling the outcomes finished
-since the last round trip, so a slot that frees up claims again without
-waiting for the rest. Round trips go over an asyncio client of the loop's own,
+Claims fill the free slots plus a small prefetch buffer and are fused with
+settling the outcomes finished since the last round trip. A slot that frees
+up starts a buffered job at once, and the next round trip refills the buffer,
+so no slot idles for a round trip between two jobs. The buffer holds about as
+many jobs as the slots finish in PREFETCH_WAIT_S at the mean run time seen so
+far (none before a job has finished, at most half the slots), so jobs that
+run long are left for idle consumers. Buffered jobs are held (their leases
+extended) but not started: on a stop they are handed back unstarted,
+uncharged, and a consumer that dies holding them has them released the same
+way. Round trips go over an asyncio client of the loop's own,
 so the loop never blocks on the server, and a few may overlap: a job that
 finishes while one is under way starts the next at once instead of waiting
 for it (under load they batch by themselves). When a claim comes back short
@@ -22,6 +29,7 @@ import asyncio
 import inspect
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -43,17 +51,28 @@ log = logging.getLogger("echomq.drain")
 MAX_CLAIM = 1000  # jobs one claim may lease: bounds one script's run time
 MAX_RETRY_WAIT_S = 2.0
 MAX_ROUND_TRIPS = 3  # overlapping round trips at most; past that, outcomes batch up
+# the buffer holds about as many jobs as the slots finish in this long (so a buffered job
+# starts within it), at most default_prefetch(): jobs long enough to keep a slot for a while
+# are left for idle consumers instead of waiting here
+PREFETCH_WAIT_S = 0.025
+RUN_TIME_WEIGHT = 0.1  # of each new job in the mean run time
 
 
 class ConcurrentDrain:
     """One queue's claim → run → settle loop with up to ``concurrency`` jobs in flight."""
 
     def __init__(self, lanes: Lanes, runner: Runner, hooks: DrainHooks,
-                 concurrency: int) -> None:
+                 concurrency: int, prefetch: int | None = None) -> None:
         self.lanes = lanes
         self.runner = runner
         self.hooks = hooks
         self.concurrency = concurrency
+        # the most jobs buffered; how many depends on the jobs' mean run time (none until
+        # one has finished)
+        self.max_prefetch = default_prefetch(concurrency) if prefetch is None else max(0, prefetch)
+        self.mean_run_s: float | None = None
+        self.buffer: deque[Claimed] = deque()  # claimed, not started: they start as slots free
+        self.handback: list[tuple[str, str]] = []  # unstarted jobs to release (when stopping)
         self.loop = asyncio.new_event_loop()
         self.threads = ThreadPoolExecutor(concurrency, thread_name_prefix="echomq-job")
         self.in_flight: dict[str, asyncio.Task[None]] = {}
@@ -90,7 +109,8 @@ class ConcurrentDrain:
         quiet.wait()
 
     def stop(self, *, abandon: bool = False) -> None:
-        """Claim no more; finish and settle the jobs in flight, then :meth:`serve` returns.
+        """Claim no more and hand back the buffered jobs unstarted; finish and settle the
+        jobs in flight, then :meth:`serve` returns.
         Outcomes the server cannot take are retried until it answers, or, with ``abandon``,
         given up (their leases expire and the jobs run again)."""
         def on_stop() -> None:
@@ -144,8 +164,17 @@ class ConcurrentDrain:
         self._set_wake()
 
     def _on_stop(self) -> None:
+        if self.stopping:
+            return
         self.stopping = True
+        self._hand_back_buffer()
         self._set_wake()
+
+    def _hand_back_buffer(self) -> None:
+        """Claimed jobs that have not started go back to their lanes, unstarted."""
+        while self.buffer:
+            claimed = self.buffer.popleft()
+            self.handback.append((claimed.id, claimed.token))
 
     def _set_wake(self) -> None:
         if self._wake is not None:
@@ -165,8 +194,9 @@ class ConcurrentDrain:
     async def _drive(self) -> None:
         while True:
             if self.hooks.stop_requested():
-                self.stopping = True
-            if self.stopping and not (self.in_flight or self.done or self.trips):
+                self._on_stop()
+            if self.stopping and not (self.in_flight or self.done or self.trips
+                                      or self.handback):
                 return
             if self.blocked:
                 if self.trips:
@@ -176,34 +206,40 @@ class ConcurrentDrain:
                     await self._wait()
                     continue
                 if self.abandon and not self.in_flight:
-                    log.warning("queue %s: leaving %d unsettled outcome(s); their leases will "
-                                "expire", self.lanes.keys.queue, len(self.done))
+                    log.warning("queue %s: leaving %d unsettled outcome(s) and %d unstarted "
+                                "job(s); their leases will expire", self.lanes.keys.queue,
+                                len(self.done), len(self.handback))
                     return
                 if self.abandon:
                     await self._wait()
                     continue
                 if not self.told_kept:
                     self.told_kept = True
-                    log.warning("queue %s: stopping with %d unsettled outcome(s), kept until "
-                                "the server answers", self.lanes.keys.queue, len(self.done))
+                    log.warning("queue %s: stopping with %d unsettled outcome(s) and %d "
+                                "unstarted job(s), kept until the server answers",
+                                self.lanes.keys.queue, len(self.done), len(self.handback))
                 # no event says the server is back: retry the settle after a pause
                 await asyncio.sleep(min(MAX_RETRY_WAIT_S, 0.05 * 2 ** min(self.failures, 6)))
                 self.blocked = False
-            free = self.concurrency - (len(self.in_flight) + len(self.done) + self.settling
-                                       + self.claiming)
-            # a settle carries a claim for the free slots even when dry: it costs no round trip
-            claim = free > 0 and not self.stopping and (not self.dry or bool(self.done))
-            if (not self.done and not claim) or len(self.trips) >= MAX_ROUND_TRIPS:
-                if self.dry and not (self.in_flight or self.done or self.trips):
+            # jobs held or on their way: running, buffered, finished, settling, being claimed
+            room = self.concurrency + self.prefetch() - (
+                len(self.in_flight) + len(self.buffer) + len(self.done) + self.settling
+                + self.claiming)
+            # a settle carries a claim for the free room even when dry: it costs no round trip
+            claim = room > 0 and not self.stopping and (not self.dry or bool(self.done))
+            if ((not self.done and not claim and not self.handback)
+                    or len(self.trips) >= MAX_ROUND_TRIPS):
+                if self.dry and not (self.in_flight or self.buffer or self.done or self.trips):
                     self._tell_quiet()
                 await self._wait()
                 continue
             outcomes, self.done = self.done, []
-            want = min(MAX_CLAIM, free + len(outcomes)) if claim else 0
+            handback, self.handback = self.handback, []
+            want = min(MAX_CLAIM, room + len(outcomes)) if claim else 0
             self.settling += len(outcomes)
             self.claiming += want
             chain, self.chain = self.chain and bool(want), self.chain and not want
-            trip = self.loop.create_task(self._round_trip(outcomes, want, chain))
+            trip = self.loop.create_task(self._round_trip(outcomes, want, chain, handback))
             self.trips.add(trip)
 
     async def _wait(self) -> None:
@@ -211,14 +247,18 @@ class ConcurrentDrain:
         await self._wake.wait()
         self._wake.clear()
 
-    async def _round_trip(self, outcomes: list[Outcome], want: int, chain: bool) -> None:
-        """Settle finished jobs and claim ``want`` more, in one pipeline (with ``chain``,
-        the claim rings the doorbell when work remains, so parked consumers join in)."""
+    async def _round_trip(self, outcomes: list[Outcome], want: int, chain: bool,
+                          handback: list[tuple[str, str]]) -> None:
+        """Settle finished jobs, claim ``want`` more and hand back unstarted ones, in one
+        pipeline (with ``chain``, the claim rings the doorbell when work remains, so parked
+        consumers join in)."""
         calls = []
         if outcomes:
             calls.append(self.lanes.settle_call(outcomes))
         if want:
             calls.append(self.lanes.claim_call(want, chain))
+        if handback:
+            calls.append(self.lanes.release_call(handback, "unstarted"))
         try:
             replies = await self._execute(calls)
         except UNAVAILABLE_ERRORS as exc:
@@ -229,22 +269,28 @@ class ConcurrentDrain:
             self.trips.discard(asyncio.current_task())  # type: ignore[arg-type]
             self._set_wake()
         settle_reply = replies[0] if outcomes else None
-        claim_reply = replies[-1] if want else None
+        claim_reply = replies[1 if outcomes else 0] if want else None
+        release_reply = replies[-1] if handback else None
         # settled first: their holdings entries free up before the new batch takes them
         if outcomes and not isinstance(settle_reply, Exception):
             self._settled(outcomes, [Settled(int(c)) for c in settle_reply])
         elif outcomes:
             self.done = outcomes + self.done  # kept: their jobs stay held, settled later
+        if handback and not isinstance(release_reply, Exception):
+            self.hooks.on_unstarted(handback)
+        elif handback:
+            self.handback = handback + self.handback  # kept: still held, released later
         # a claim that went through is held and run even when the settle beside it failed
         if want and not isinstance(claim_reply, Exception):
             batch = parse_claimed(claim_reply)
-            self._start(batch)
+            self._take(batch)
             if len(batch) == want:
                 self.dry = False  # more may be waiting
             elif not self.dry:
                 self.dry = True
                 self.hooks.on_dry()
-        failed = next((r for r in (settle_reply, claim_reply) if isinstance(r, Exception)), None)
+        failed = next((r for r in (settle_reply, claim_reply, release_reply)
+                       if isinstance(r, Exception)), None)
         if failed is None:
             self.failures = 0
             return
@@ -258,7 +304,7 @@ class ConcurrentDrain:
                 self.dry = True
                 self.hooks.on_dry()
         else:  # a script error: say so loudly; the outcomes are kept, never dropped
-            log.error("queue %s: a settle or claim failed (%d outcome(s) kept): %s",
+            log.error("queue %s: a settle, claim or release failed (%d outcome(s) kept): %s",
                       self.lanes.keys.queue, len(self.done), failed)
 
     async def _execute(self, calls: Sequence[tuple[scripts.LuaScript, list[str], list[Any]]]
@@ -275,30 +321,72 @@ class ConcurrentDrain:
                             self.lanes.keys.queue, o.job_id)
         self.hooks.after_settle(outcomes, codes)
 
-    def _start(self, batch: Sequence[Claimed]) -> None:
+    def prefetch(self) -> int:
+        """How many jobs to hold beyond the running ones: as many as the slots finish in
+        about PREFETCH_WAIT_S at the mean run time so far, at most ``max_prefetch``."""
+        if self.mean_run_s is None:
+            return 0
+        if self.mean_run_s * self.max_prefetch <= self.concurrency * PREFETCH_WAIT_S:
+            return self.max_prefetch
+        return int(self.concurrency * PREFETCH_WAIT_S / self.mean_run_s)
+
+    def _take(self, batch: Sequence[Claimed]) -> None:
+        """A claimed batch is held: start what free slots allow, buffer the rest."""
         if not batch:
             return
         self.hooks.on_batch(batch)
-        for claimed in batch:
-            prepared = self.runner.prepare(claimed)
-            if isinstance(prepared, Outcome):
-                self.hooks.on_start(claimed)
-                self.hooks.on_finish(claimed)
-                self.done.append(prepared)
-                continue
-            job, fn = prepared
-            self.hooks.on_start(claimed, in_thread=not is_async(fn))
-            task = self.loop.create_task(self._run_one(claimed, job, fn))
-            self.in_flight[claimed.id] = task
+        self.buffer.extend(batch)
+        if self.stopping:
+            self._hand_back_buffer()
+        else:
+            self._fill()
+
+    def _fill(self) -> None:
+        """Start buffered jobs in the free slots."""
+        while self.buffer and len(self.in_flight) < self.concurrency:
+            if self.hooks.stop_requested():
+                self._on_stop()
+                return
+            self._start(self.buffer.popleft())
+
+    def _start(self, claimed: Claimed) -> None:
+        prepared = self.runner.prepare(claimed)
+        if isinstance(prepared, Outcome):
+            self.hooks.on_start(claimed)
+            self.hooks.on_finish(claimed)
+            self.done.append(prepared)
+            return
+        job, fn = prepared
+        self.hooks.on_start(claimed, in_thread=not is_async(fn))
+        task = self.loop.create_task(self._run_one(claimed, job, fn))
+        self.in_flight[claimed.id] = task
 
     async def _run_one(self, claimed: Claimed, job: Any, fn: Callable[..., Any]) -> None:
+        started = self.loop.time()
         try:
             outcome = await self.runner.run_async(claimed, job, fn, self.threads)
         finally:
             self.in_flight.pop(claimed.id, None)
+        ran = self.loop.time() - started
+        mean = self.mean_run_s
+        self.mean_run_s = ran if mean is None else mean + RUN_TIME_WEIGHT * (ran - mean)
         self.hooks.on_finish(claimed)
         self.done.append(outcome)
+        if not self.stopping:
+            self._fill()  # a buffered job takes the slot now, not a round trip later
         self._set_wake()
+
+
+def default_prefetch(concurrency: int) -> int:
+    """The most jobs claimed beyond ``concurrency``, ready for the next free slot: half as
+    many as the slots (at least one)."""
+    return max(1, concurrency // 2)
+
+
+def max_held(concurrency: int, claim_batch: int = 1) -> int:
+    """The most jobs one consumer may hold at once, for sizing a table of them: running,
+    buffered and finished ones, plus a claim that went through beside a failed settle."""
+    return 2 * max(claim_batch, concurrency + default_prefetch(concurrency))
 
 
 def async_twin(client: Client) -> Any:

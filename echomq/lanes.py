@@ -90,6 +90,12 @@ class Lanes:
         """Hand leased jobs back to their lanes (see reap.lua for the modes)."""
         return scripts.release(self.client, self.keys, held, mode)
 
+    def release_call(self, held: Sequence[tuple[str, str]], mode: str
+                     ) -> tuple[scripts.LuaScript, list[str], list[Any]]:
+        """The release script call for these pairs (for a caller doing its own I/O)."""
+        return (scripts.REAP, scripts.reap_keys(self.keys),
+                scripts.release_args(self.keys, held, mode))
+
     def extend(self, held: Sequence[tuple[str, str]]) -> list[bool]:
         """Extend the leases of held (job id, token) pairs; one bool per pair, False if lost."""
         return scripts.extend(self.client, self.keys, self.settings.lease_ms, held)

@@ -217,15 +217,25 @@ def reap(client: redis.Redis, k: Keys, limit: int = 1000) -> tuple[int, int, int
 def release(client: redis.Redis, k: Keys, held: Sequence[tuple[str, str]], mode: str
             ) -> tuple[int, int]:
     """Return specific leased jobs to their lanes: (requeued, buried)."""
+    if not held:
+        release_args(k, held, mode)  # still refuses an unknown mode
+        return 0, 0
+    requeued, buried, _, _ = REAP(client, reap_keys(k), release_args(k, held, mode))
+    return int(requeued), int(buried)
+
+
+def release_args(k: Keys, held: Sequence[tuple[str, str]], mode: str) -> list[Arg]:
+    """ARGV of the reap script handing back these (job id, token) pairs in ``mode``.
+
+    Raises:
+        ValueError: ``mode`` is not "stall", "requeue" or "unstarted".
+    """
     if mode not in ("stall", "requeue", "unstarted"):
         raise ValueError(f"unknown release mode {mode!r}")
-    if not held:
-        return 0, 0
     args: list[Arg] = [k.prefix, len(held), mode]
     for job_id, token in held:
         args += [job_id, token]
-    requeued, buried, _, _ = REAP(client, reap_keys(k), args)
-    return int(requeued), int(buried)
+    return args
 
 
 def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str, str]]

@@ -15,6 +15,7 @@ from echomq.supervisor.holdings import Holdings
 from echomq.supervisor.signals import sever
 from echomq.supervisor.worker import run_child
 
+from echomq.concurrent import max_held
 from echomq.config import QueueSettings
 from echomq.connection import pools
 
@@ -64,8 +65,7 @@ def fork_child(queue: str, slot: int, redis_url: str, settings: QueueSettings,
     (siblings' pipe ends, the signal pipe, the parent's Redis connections, the health
     listener) before the child builds its own clients."""
     parent_end, child_end = socket.socketpair()
-    # twice the most in flight: a claim that went through beside a failed settle is held too
-    holdings = Holdings(2 * max(settings.claim_batch, settings.concurrency))
+    holdings = Holdings(max_held(settings.concurrency, settings.claim_batch))
     pid = os.fork()
     if pid == 0:  # the child
         sever(parent_end)

@@ -24,7 +24,7 @@ from echomq.supervisor.holdings import Holdings
 from echomq.supervisor.observations import Observations, TimedRunner
 
 from echomq import scripts
-from echomq.concurrent import ConcurrentDrain
+from echomq.concurrent import ConcurrentDrain, max_held
 from echomq.config import QueueSettings
 from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, refusal_code
 from echomq.drain import Drain
@@ -51,7 +51,7 @@ class Worker:
                  max_jobs: int | None, floor_url: str | None = None,
                  holdings: Holdings | None = None) -> None:
         self.sock = sock
-        self.holdings = holdings or Holdings(2 * max(settings.claim_batch, settings.concurrency))
+        self.holdings = holdings or Holdings(max_held(settings.concurrency, settings.claim_batch))
         self.queue = queue
         self.settings = settings
         self.max_jobs = max_jobs

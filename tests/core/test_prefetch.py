@@ -1,0 +1,133 @@
+"""The standalone Consumer's prefetch buffer: jobs claimed beyond the concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+import echomq
+from echomq.concurrent import default_prefetch
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        pause.wait(0.02)
+
+
+def test_a_stop_with_a_full_buffer_hands_it_back_unstarted_and_loses_nothing(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    concurrency = 4
+    held = concurrency + default_prefetch(concurrency)
+    gate = threading.Event()
+    started: list[str] = []
+
+    async def gated(job: echomq.Job) -> None:
+        if job.payload.get("fast"):
+            return
+        started.append(job.id)
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, 30)
+
+    consumer, thread = _warmed_up(q, gated, concurrency)
+    ids = q.add_many([("x", {"n": i}) for i in range(10)])
+    _wait(lambda: len(started) == concurrency and q.counts()["active"] == held, 10,
+          "the slots and the buffer to fill")
+    assert len(started) == concurrency  # the buffered jobs have not started
+    buffered = set(ids[concurrency:held])
+    consumer.stop()
+    _wait(lambda: q.counts()["waiting"] == len(ids) - concurrency, 10,
+          "the buffered jobs to be handed back")
+    gate.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert q.counts()["completed"] == concurrency + 8 and q.counts()["active"] == 0
+    for job_id in buffered:  # handed back uncharged
+        job = q.get(job_id)
+        assert job is not None and (job.state, job.attempts, job.stalls) == ("waiting", 0, 0)
+
+    again = echomq.Consumer(q, gated, concurrency=concurrency)
+    assert again.run(burst=True) == len(ids) - concurrency
+    assert Counter(started) == {j: 1 for j in ids}
+    assert q.counts()["completed"] == len(ids) + 8
+
+
+def test_a_slot_that_frees_up_starts_a_buffered_job_without_a_claim(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    gates: dict[str, threading.Event] = {}
+    started: list[str] = []
+
+    async def gated(job: echomq.Job) -> None:
+        if job.payload.get("fast"):
+            return
+        started.append(job.id)
+        await asyncio.get_running_loop().run_in_executor(None, gates[job.id].wait, 30)
+
+    consumer, thread = _warmed_up(q, gated, 2)  # two slots, one buffered
+    ids = [f"gated-{i}" for i in range(3)]
+    gates.update({job_id: threading.Event() for job_id in ids})
+    for job_id in ids:
+        q.add("x", {}, job_id=job_id)
+    try:
+        _wait(lambda: len(started) == 2 and q.counts()["active"] == 3, 10,
+              "two running, one buffered")
+        # the server holds back every write (a claim is one) until unpaused: a job that
+        # starts meanwhile came from the buffer
+        r.client_pause(10_000, all=False)
+        try:
+            gates[started[0]].set()
+            _wait(lambda: len(started) == 3, 5, "the buffered job to start")
+        finally:
+            r.client_unpause()
+        assert set(started) == set(ids)
+    finally:
+        for gate in gates.values():
+            gate.set()
+        consumer.stop()
+        thread.join(10)
+    assert q.counts()["completed"] == 3 + 8
+
+
+def test_jobs_that_run_long_are_not_buffered(redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    gate = threading.Event()
+    started: list[str] = []
+
+    async def slow(job: echomq.Job) -> None:
+        if job.payload.get("fast"):  # "fast" here: 0.2 s, so 2 slots finish one in 100 ms
+            await asyncio.sleep(0.2)
+            return
+        started.append(job.id)
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, 30)
+
+    consumer, thread = _warmed_up(q, slow, 2, jobs=2)
+    q.add_many([("x", {}) for _ in range(3)])
+    try:
+        _wait(lambda: len(started) == 2, 10, "two running jobs")
+        assert q.counts()["active"] == 2 and q.counts()["waiting"] == 1
+    finally:
+        gate.set()
+        consumer.stop()
+        thread.join(10)
+
+
+def _warmed_up(q: echomq.Queue, handler: Callable[[echomq.Job], Any], concurrency: int,
+               jobs: int = 8) -> tuple[echomq.Consumer, threading.Thread]:
+    """A running consumer that has run ``jobs`` jobs marked "fast" (the buffer follows the
+    run times it has seen), and its thread."""
+    consumer = echomq.Consumer(q, handler, concurrency=concurrency)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    q.add_many([("x", {"fast": True}) for _ in range(jobs)])
+    _wait(lambda: q.counts()["completed"] == jobs, 10, "the warm-up jobs")
+    return consumer, thread
