@@ -137,3 +137,23 @@ def test_crons_survive_valkey_restarting_empty_with_a_floor(
     wait_until(lambda: len(_dues(q2, "tick")) >= 2, 15, "occurrences after the restart")
     (tick,) = [c for c in q2.crons() if c.key == "tick"]
     assert (tick.expr, tick.name, tick.payload) == ("* * * * * *", "beat", {"n": 1})
+
+
+def test_the_scheduler_waits_for_the_next_occurrence_not_for_its_beat(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    """A 10 s beat, a cron every second: the thread's timed wait ends at each due time."""
+    from echomq.supervisor.scheduler import Scheduler, SchedulerThread
+
+    r = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue_name, redis=r)
+    q.add_cron("tick", "* * * * * *", "beat", {})
+    sched = Scheduler(queue_name, r, None, beat_ms=10_000, horizon_s=3600)  # crons alone
+    thread = SchedulerThread(sched)
+    try:
+        wait_until(lambda: len(_dues(q, "tick")) >= 3, 8, "three occurrences in one beat")
+        assert sched.deadline() <= sched.next_tick
+        assert r.hget(q.keys.meta, "fold") is None  # no floor: the fold lease is left alone
+    finally:
+        thread.close()
+    dues = _dues(q, "tick")
+    assert dues == list(range(dues[0], dues[-1] + 1, SECOND))
