@@ -138,12 +138,12 @@ def _iter(spec_expr: str, tz: str, start_ms: int) -> Any:
 
 def next_after(expr: str, tz: str, after_ms: int) -> int:
     """The first due time (ms) strictly after ``after_ms``."""
-    return round(_iter(expr, tz, after_ms).get_next(float) * 1000)
+    return int(round(_iter(expr, tz, after_ms).get_next(float) * 1000))
 
 
 def latest_at(expr: str, tz: str, now_ms: int) -> int:
     """The last due time (ms) at or before ``now_ms``."""
-    return round(_iter(expr, tz, now_ms + 1).get_prev(float) * 1000)
+    return int(round(_iter(expr, tz, now_ms + 1).get_prev(float) * 1000))
 
 
 def due_between(expr: str, tz: str, after_ms: int, until_ms: int,
@@ -151,7 +151,7 @@ def due_between(expr: str, tz: str, after_ms: int, until_ms: int,
     """Due times in ``(after_ms, until_ms]``, earliest first, at most ``limit``."""
     it = _iter(expr, tz, after_ms)
     for _ in range(limit):
-        due = round(it.get_next(float) * 1000)
+        due = int(round(it.get_next(float) * 1000))
         if due > until_ms:
             return
         yield due

@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.exceptions
@@ -67,7 +67,8 @@ class Scheduler:
         self.queue = queue
         self.keys = Keys(queue)
         self.client = client
-        self.floor = floor
+        self.has_floor = floor is not None  # without one: crons alone
+        self.floor = cast(Floor, floor)  # used only when has_floor
         self.beat_s = beat_ms / 1000
         self.horizon_ms = int(horizon_s * 1000)
         self.clock_offset_ms = clock_offset_ms  # tests and drills move the scheduler's clock
@@ -129,7 +130,7 @@ class Scheduler:
                   queue=self.queue)
 
     def snapshot(self) -> dict[str, Any]:
-        if self.floor is None:  # crons alone
+        if not self.has_floor:  # crons alone
             return {"floor": "none", "leader": self.fence is not None,
                     "crons": len(self.crontab.specs), "cron_fired": self.crontab.fired}
         return {
@@ -163,7 +164,7 @@ class Scheduler:
     def _tick(self, now: float, floor_work: bool = True) -> None:
         self.budget_end = time.monotonic() + TICK_BUDGET_S
         self.next_cron = math.inf
-        if self.floor is None and not self._crons_present(now):
+        if not self.has_floor and not self._crons_present(now):
             self.fence = None
             return
         (fence, fold_len, closed_len, epoch, spill_candidates, server_now, lapsed, led,
@@ -172,7 +173,7 @@ class Scheduler:
             [self.keys.leader, self.keys.fold, self.keys.closed, self.keys.epoch,
              self.keys.schedule, self.keys.meta],
             [self.replica, self.lease_ms, self.horizon_ms + self.clock_offset_ms,
-             self.fold_grace_ms if self.floor is not None else 0])
+             self.fold_grace_ms if self.has_floor else 0])
         fence = int(fence)
         self.backlog, self.closed_backlog = int(fold_len), int(closed_len)
         if fence < 0:
@@ -184,11 +185,11 @@ class Scheduler:
             self.crontab.forget()
         self.fence = fence
         epoch = _text(epoch)
-        if self.floor is not None and floor_work and (
+        if self.has_floor and floor_work and (
                 not epoch or epoch.startswith(REHYDRATING) and epoch != self.rehydration):
             self.crontab.restore()  # Valkey lost its data: the crons come back first
         self._crons(now, int(server_now), _text(led), _text(cron_version))
-        if self.floor is None:
+        if not self.has_floor:
             return
         if int(lapsed):
             # jobs scheduled while nobody folded (no scheduler yet, or none for longer
