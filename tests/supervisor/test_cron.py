@@ -4,6 +4,7 @@ restarting empty when there is a floor."""
 
 from __future__ import annotations
 
+import math
 import signal
 import subprocess
 from collections import Counter
@@ -153,7 +154,12 @@ def test_the_scheduler_waits_for_the_next_occurrence_not_for_its_beat(
         wait_until(lambda: len(_dues(q, "tick")) >= 3, 8, "three occurrences in one beat")
         assert sched.deadline() <= sched.next_tick
         assert r.hget(q.keys.meta, "fold") is None  # no floor: the fold lease is left alone
+        assert q.remove_cron("tick") is True
+        # the next wake-up reads the crons again: none left, so it waits for its beat
+        wait_until(lambda: not sched.crontab.specs and sched.next_cron == math.inf, 5,
+                   "the removal seen")
+        dues = _dues(q, "tick")
+        assert dues == list(range(dues[0], dues[-1] + 1, SECOND))
     finally:
         thread.close()
-    dues = _dues(q, "tick")
-    assert dues == list(range(dues[0], dues[-1] + 1, SECOND))
+    assert _dues(q, "tick") == dues  # nothing admitted after the removal was seen
