@@ -3,6 +3,7 @@ Valkey's crons, and crons coming back after Valkey restarts empty."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -25,11 +26,14 @@ def server() -> Iterator[LocalRedis]:
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Re-check (here: tick the scheduler and look) until it holds, or fail at the deadline;
+    the occurrences come with the server's clock, every second."""
     deadline = time.monotonic() + timeout
+    pause = threading.Event()
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        pause.wait(0.02)
 
 
 def _tick(s: Scheduler) -> None:
