@@ -98,7 +98,8 @@ class CronTable:
         """Bring the floor's copy up to date (Valkey holds its data: the epoch is ours)."""
         if self.mirror:
             rows = [(key, text, self.lasts.get(key, 0)) for key, (_, text) in self.specs.items()]
-            self.floor.put_crons(self.queue, rows, fence, only=True)
+            if rows or self.floor.cron_rows(self.queue):  # a queue without crons: no write
+                self.floor.put_crons(self.queue, rows, fence, only=True)
             self.mirror = False
             self.unsynced.clear()
         elif self.unsynced:
