@@ -13,6 +13,7 @@ from echomq.bulk import add_many
 from echomq.config import QueueSettings
 from echomq.consumer import Consumer
 from echomq.control import Fail, Retry
+from echomq.cron import Cron
 from echomq.errors import (
     ConfigError,
     ConnectionFailed,
@@ -45,6 +46,7 @@ __all__ = [
     "ConnectionFailed",
     "Consumer",
     "CorruptJob",
+    "Cron",
     "EchoMQError",
     "Fail",
     "FloorError",

@@ -39,7 +39,7 @@ import redis
 import redis.asyncio
 import redis.exceptions
 
-from echomq import results, scripts
+from echomq import cron, results, scripts
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.connection import (
@@ -322,6 +322,31 @@ class Queue:
                 connection_class=node.connection_class, max_connections=results.WAITERS_MAX,
                 **node.connection_kwargs)
         return pool
+
+    async def add_cron(self, key: str, expr: str, name: str, payload: Any = None,
+                       lane: str | None = None, tz: str = "UTC") -> cron.Cron:
+        """Add or replace a cron; see :meth:`echomq.Queue.add_cron` (no floor here: the
+        scheduler writes the cron to its floor)."""
+        spec = self._plan.cron_spec(key, expr, name, payload, lane, tz)
+        with translated(self.where):
+            await self.redis.sadd(REGISTRY, self.name)
+            _, last = await evalsha(self.redis, scripts.CRON_SET, cron.set_keys(self.keys),
+                                    [spec.key, spec.encode()])
+        return spec.public(int(last), cron.next_after(spec.expr, spec.tz, int(last)))
+
+    async def remove_cron(self, key: str) -> bool:
+        """Stop a cron; see :meth:`echomq.Queue.remove_cron`."""
+        cron.validate_key(key)
+        with translated(self.where):
+            return bool(await evalsha(self.redis, scripts.CRON_REMOVE,
+                                      cron.remove_keys(self.keys), [key]))
+
+    async def crons(self) -> list[cron.Cron]:
+        """The queue's crons; see :meth:`echomq.Queue.crons`."""
+        with translated(self.where):
+            specs = await self.redis.hgetall(self.keys.crons)
+            lasts = await self.redis.hgetall(self.keys.cronlast)
+        return cron.parse_listing(specs, lasts)
 
     async def close(self) -> None:
         """Close this queue's connections (and its client, when the queue made it)."""

@@ -1,7 +1,8 @@
 """Optional dependencies, grouped by the install extra that brings them.
 
 The base install (``pip install echomq``) is what a producer needs; the
-supervisor and the floor need the ``[supervisor]`` extra. Importing a part
+supervisor and the floor need the ``[supervisor]`` extra; a producer that adds crons
+needs ``[cron]`` (croniter, to check the expression before it is stored). Importing a part
 whose extra is missing raises :class:`echomq.MissingExtra` naming the extra.
 """
 
@@ -12,8 +13,9 @@ import importlib.util
 from echomq.errors import MissingExtra
 
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "supervisor": ("sqlalchemy", "alembic", "psutil"),
+    "supervisor": ("sqlalchemy", "alembic", "psutil", "croniter"),
     "floor": ("sqlalchemy", "alembic"),
+    "cron": ("croniter",),
 }
 
 

@@ -43,7 +43,7 @@ class Keys:
     __slots__ = (
         "queue", "prefix", "ring", "leases", "schedule", "wake", "dead", "completed",
         "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence", "acks", "spilled",
-        "marker", "paused", "cancelled",
+        "marker", "paused", "cancelled", "crons", "cronlast",
     )
 
     def __init__(self, queue: str) -> None:
@@ -69,6 +69,8 @@ class Keys:
         self.marker = p + "marker"
         self.paused = p + "paused"
         self.cancelled = p + "cancelled"
+        self.crons = p + "crons"  # cron key -> spec (JSON)
+        self.cronlast = p + "cronlast"  # cron key -> due ms of its last admitted occurrence
 
     def job(self, job_id: str) -> str:
         """The hash key of one job."""

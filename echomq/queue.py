@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from echomq import results, scripts
+from echomq import cron, results, scripts
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.connection import (
@@ -481,6 +481,62 @@ class Queue:
             return 0
         with translated(self.where):
             return scripts.retry_dead(self.redis, self.keys, ids, limit)
+
+    # --- crons ------------------------------------------------------------
+
+    def add_cron(self, key: str, expr: str, name: str, payload: Any = None,
+                 lane: str | None = None, tz: str = "UTC") -> cron.Cron:
+        """Admit a job ``name`` with ``payload`` on ``lane`` at every occurrence of the cron
+        expression ``expr`` in time zone ``tz``, from now on; replaces the cron ``key``.
+
+        The supervisor's leader scheduler admits each occurrence once, as job
+        ``cron:<key>:<due_ms>``. Kept in Valkey, and on this Queue's floor when it has
+        one (else the scheduler writes it to its floor within a beat).
+
+        Args:
+            key: names the cron, 1-128 characters from [A-Za-z0-9._:-].
+            expr: five fields (minute hour day month weekday), six (the sixth is
+                seconds), or an alias such as ``@hourly``.
+        Returns:
+            The stored cron (see :meth:`crons`).
+        Raises:
+            InvalidSchedule: a bad expression or time zone; InvalidName: a bad key, name
+            or lane; PayloadError; MissingExtra without croniter (``echomq[cron]``).
+            Nothing is stored on any of these.
+        """
+        spec = self.cron_spec(key, expr, name, payload, lane, tz)
+        with translated(self.where):
+            self.register()
+            _, last = scripts.CRON_SET(self.redis, cron.set_keys(self.keys),
+                                       [spec.key, spec.encode()])
+        if self.floor is not None:
+            self.floor.put_crons(self.name, [(spec.key, spec.encode(), int(last))], None)
+        return spec.public(int(last), cron.next_after(spec.expr, spec.tz, int(last)))
+
+    def cron_spec(self, key: str, expr: str, name: str, payload: Any, lane: str | None,
+                  tz: str) -> cron.CronSpec:
+        """Validate a cron as :meth:`add_cron` takes it (nothing is sent)."""
+        return cron.make_spec(key, expr, name, self.encode_payload(payload), lane, tz,
+                              self.settings.max_attempts, self.settings.max_stalls)
+
+    def remove_cron(self, key: str) -> bool:
+        """Stop a cron (jobs it already admitted stay); False when there was none."""
+        cron.validate_key(key)
+        with translated(self.where):
+            removed = bool(scripts.CRON_REMOVE(self.redis, cron.remove_keys(self.keys), [key]))
+        if self.floor is not None:
+            removed = bool(self.floor.drop_crons(self.name, [key])) or removed
+        return removed
+
+    def crons(self) -> list[cron.Cron]:
+        """The queue's crons, by key: expression, job name, payload, lane, time zone, the
+        last occurrence admitted and the next due (ms since the epoch)."""
+        with translated(self.where):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hgetall(self.keys.crons)
+            pipe.hgetall(self.keys.cronlast)
+            specs, lasts = pipe.execute()
+        return cron.parse_listing(specs, lasts)
 
     @staticmethod
     def registered(client: redis.Redis) -> list[str]:

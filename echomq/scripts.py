@@ -100,9 +100,13 @@ JOBS = LuaScript("jobs", 2)
 PURGE = LuaScript("purge", 1)
 SURVEY = LuaScript("survey", 1)
 BACKFILL = LuaScript("backfill", 1)
+CRON_SET = LuaScript("cron_set", 3)
+CRON_REMOVE = LuaScript("cron_remove", 3)
+CRON_FIRE = LuaScript("cron_fire", 7)
+CRON_RESTORE = LuaScript("cron_restore", 3)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
        RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY,
-       BACKFILL)
+       BACKFILL, CRON_SET, CRON_REMOVE, CRON_FIRE, CRON_RESTORE)
 
 
 def load_all(client: redis.Redis, key: str | None = None) -> None:

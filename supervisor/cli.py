@@ -243,11 +243,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     logs.setup(settings.log_json, settings.log_level)
     floor = _open_floor(settings.floor_url) if settings.floor_url else None
-    factory = None
-    if floor is not None:
-        from echomq.supervisor.scheduler import make_factory
+    from echomq.supervisor.scheduler import make_factory
 
-        factory = make_factory(settings, floor)
+    factory = make_factory(settings, floor)  # without a floor: a scheduler for crons alone
     arbiter = Arbiter(settings, floor=floor, scheduler_factory=factory)
     health = None
     if settings.health_port is not None:

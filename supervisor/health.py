@@ -150,7 +150,7 @@ class Health:
             }
             if q["ready_children"] < 1 or not q["healthy"]:
                 ready = False  # e.g. Valkey refusing writes: PING alone would not show it
-            if q["scheduler"] is not None:
+            if q["scheduler"] is not None and q["scheduler"].get("floor") != "none":
                 detail["queues"][name]["floor"] = q["scheduler"].get("floor", "n/a")
         detail["ready"] = ready
         return (200 if ready else 503), detail

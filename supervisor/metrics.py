@@ -145,7 +145,8 @@ class SupervisorCollector:
         yield wait
 
     def _floor(self, queues: dict[str, Any]) -> Iterator[Metric]:
-        sched = [(n, v["scheduler"]) for n, v in queues.items() if v["scheduler"] is not None]
+        sched = [(n, v["scheduler"]) for n, v in queues.items()
+                 if v["scheduler"] is not None and v["scheduler"].get("floor") != "none"]
         if not sched:
             return
         up = GaugeMetricFamily("echomq_floor_up", "1 when the floor answered its last write",

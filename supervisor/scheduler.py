@@ -1,12 +1,15 @@
 """The scheduler: folds deferred and retried jobs onto the SQL floor, spills far-future
 jobs out of Valkey, restores them as they come within the horizon, and rehydrates
-the schedule set when Valkey has lost its data.
+the schedule set when Valkey has lost its data. It also admits the queue's crons
+(:mod:`echomq.supervisor.crontab`), waking for their next occurrence.
 
 One scheduler per queue is active across all replicas (a leader lease in Valkey
 whose fencing token the floor checks). Every step is idempotent: a job id is a
 primary key on the floor and ``ZADD NX`` / "hash exists" in Valkey. When the
 floor is down the queue keeps running on Valkey alone; the fold log simply
-grows until the floor answers again.
+grows until the floor answers again. A supervisor without a floor (or a queue whose
+dial is volatile) runs a scheduler for crons alone, which leads only while the queue
+has crons (it looks every ``CRON_PROBE_BEATS`` beats).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.exceptions
+from echomq.supervisor.crontab import CronTable
 from echomq.supervisor.logs import event
 
 from echomq import scripts
@@ -39,6 +43,7 @@ DEFAULT_FOLD_GRACE_S = 300.0  # how long the logs keep growing after the last sc
 DEFAULT_MAX_BACKLOG = 1_000_000  # fold log entries kept while the floor is down
 DEFAULT_ORPHAN_EVERY_S = 60.0  # a full pass over the floor's rows looking for orphans
 SCHEDULED_STATES = ("scheduled", "waiting", "active")
+CRON_PROBE_BEATS = 5  # a scheduler without a floor looks for crons this often
 
 
 def _text(value: bytes | str) -> str:
@@ -54,7 +59,7 @@ def _due_ms(h: dict[str, str]) -> int | None:
 class Scheduler:
     """The floor side of one queue: ``tick`` when ``deadline`` (:class:`SchedulerThread`)."""
 
-    def __init__(self, queue: str, client: redis.Redis, floor: Floor, *, beat_ms: int,
+    def __init__(self, queue: str, client: redis.Redis, floor: Floor | None, *, beat_ms: int,
                  horizon_s: float, clock_offset_ms: int = 0,
                  fold_grace_s: float = DEFAULT_FOLD_GRACE_S,
                  max_backlog: int = DEFAULT_MAX_BACKLOG,
@@ -62,7 +67,8 @@ class Scheduler:
         self.queue = queue
         self.keys = Keys(queue)
         self.client = client
-        self.floor = floor
+        self.has_floor = floor is not None  # without one: crons alone
+        self.floor = cast(Floor, floor)  # used only when has_floor
         self.beat_s = beat_ms / 1000
         self.horizon_ms = int(horizon_s * 1000)
         self.clock_offset_ms = clock_offset_ms  # tests and drills move the scheduler's clock
@@ -91,11 +97,17 @@ class Scheduler:
         self.orphans_closed = self.buried = self.backlog_dropped = 0
         self.buried_open: list[str] = []  # buried jobs whose floor rows are still to close
         self.backlog = self.closed_backlog = 0
+        # a hand-over (a leader died, another took the lease) is over within this
+        catchup_ms = 2 * self.lease_ms + (CRON_PROBE_BEATS + 1) * beat_ms
+        self.crontab = CronTable(queue, client, floor, catchup_ms)
+        self.next_cron = math.inf  # monotonic time of the next cron occurrence
+        self.cron_probe_at = 0.0
+        self.cron_present = False
 
     # --- the arbiter's interface ---------------------------------------------------
 
     def deadline(self) -> float:
-        return self.next_tick
+        return min(self.next_tick, self.next_cron)
 
     def tick(self, now: float) -> None:
         """One beat of floor work; never raises for an unreachable Valkey or floor."""
@@ -118,6 +130,9 @@ class Scheduler:
                   queue=self.queue)
 
     def snapshot(self) -> dict[str, Any]:
+        if not self.has_floor:  # crons alone
+            return {"floor": "none", "leader": self.fence is not None,
+                    "crons": len(self.crontab.specs), "cron_fired": self.crontab.fired}
         return {
             "floor": "ok" if self.floor_ok else f"down: {self.floor_error}",
             "leader": self.fence is not None, "folded": self.folded, "closed": self.closed,
@@ -125,6 +140,7 @@ class Scheduler:
             "rehydrated": self.rehydrated, "closed_backlog": self.closed_backlog,
             "orphans_closed": self.orphans_closed, "buried": self.buried,
             "backlog_dropped": self.backlog_dropped,
+            "crons": len(self.crontab.specs), "cron_fired": self.crontab.fired,
         }
 
     def close(self) -> None:
@@ -147,12 +163,17 @@ class Scheduler:
 
     def _tick(self, now: float, floor_work: bool = True) -> None:
         self.budget_end = time.monotonic() + TICK_BUDGET_S
-        fence, fold_len, closed_len, epoch, spill_candidates, server_now, lapsed = scripts.LEAD(
+        self.next_cron = math.inf
+        if not self.has_floor and not self._crons_present(now):
+            self.fence = None
+            return
+        (fence, fold_len, closed_len, epoch, spill_candidates, server_now, lapsed, led,
+         cron_version) = scripts.LEAD(
             self.client,
             [self.keys.leader, self.keys.fold, self.keys.closed, self.keys.epoch,
              self.keys.schedule, self.keys.meta],
             [self.replica, self.lease_ms, self.horizon_ms + self.clock_offset_ms,
-             self.fold_grace_ms])
+             self.fold_grace_ms if self.has_floor else 0])
         fence = int(fence)
         self.backlog, self.closed_backlog = int(fold_len), int(closed_len)
         if fence < 0:
@@ -161,21 +182,29 @@ class Scheduler:
         if self.fence != fence:
             event(log, "scheduler-lead", "queue %s: this replica now runs the scheduler",
                   self.queue, queue=self.queue)
+            self.crontab.forget()
+        self.fence = fence
+        epoch = _text(epoch)
+        if self.has_floor and floor_work and (
+                not epoch or epoch.startswith(REHYDRATING) and epoch != self.rehydration):
+            self.crontab.restore()  # Valkey lost its data: the crons come back first
+        self._crons(now, int(server_now), _text(led), _text(cron_version))
+        if not self.has_floor:
+            return
         if int(lapsed):
             # jobs scheduled while nobody folded (no scheduler yet, or none for longer
             # than the fold lease) reach the floor by a sweep of the schedule set, a
             # batch per beat; a hand-over within the lease needs none
             self.sweep_offset = 0
-        self.fence = fence
         if self.backlog + self.closed_backlog > self.max_backlog:
             self._drop_backlog()
             fold_len = closed_len = 0
         if not floor_work:  # the floor is backing off: the lease is renewed, nothing more
             return
-        epoch = _text(epoch)
         rehydrating = not epoch or epoch.startswith(REHYDRATING)
         if rehydrating and not self._rehydrate(int(server_now), epoch):
             return
+        self.crontab.sync_floor(fence)
         if int(fold_len):
             self._fold()
         if int(closed_len) and not self._over_budget():
@@ -189,6 +218,22 @@ class Scheduler:
             self._sweep()
         if now >= self.next_orphan_check and not self._over_budget():
             self._close_orphans(now, epoch)
+
+    def _crons_present(self, now: float) -> bool:
+        """Without a floor: whether the queue has crons (looked up every few beats)."""
+        if self.crontab.specs:
+            return True
+        if now >= self.cron_probe_at:
+            self.cron_probe_at = now + CRON_PROBE_BEATS * self.beat_s
+            self.cron_present = bool(self.client.exists(self.keys.crons))
+        return self.cron_present
+
+    def _crons(self, now: float, server_now: int, led: str, version: str) -> None:
+        """Admit due cron occurrences; the thread wakes for the next one."""
+        self.crontab.tick(server_now, led, version)
+        due = self.crontab.next_due_ms
+        if due is not None:
+            self.next_cron = now + max(0, due - server_now + 1) / 1000
 
     def _drop_backlog(self) -> None:
         """The logs outgrew their bound (a long floor outage): drop them and catch up by
@@ -499,13 +544,13 @@ class SchedulerThread:
                 self.beat_started = None
 
 
-def make_factory(settings: Any, floor: Floor) -> Callable[[Any], SchedulerThread]:
-    """A factory the arbiter calls once per queue (for queues whose dial is not volatile)."""
+def make_factory(settings: Any, floor: Floor | None) -> Callable[[Any], SchedulerThread]:
+    """A factory the arbiter calls once per queue: a scheduler with the floor for queues
+    whose dial is not volatile, one for crons alone otherwise (or without a floor)."""
     def factory(rt: Any) -> SchedulerThread | None:
-        if settings.durability_of(rt.spec) == "volatile":
-            return None
+        volatile = floor is None or settings.durability_of(rt.spec) == "volatile"
         return SchedulerThread(Scheduler(
-            rt.spec.name, rt.metronome.client, floor, beat_ms=settings.beat_ms,
-            horizon_s=settings.spill_horizon))
+            rt.spec.name, rt.metronome.client, None if volatile else floor,
+            beat_ms=settings.beat_ms, horizon_s=settings.spill_horizon))
 
     return factory  # type: ignore[return-value]

@@ -36,3 +36,15 @@ fences = Table(
     Column("queue", String(128), primary_key=True),
     Column("fence", BigInteger, nullable=False),
 )
+
+# Crons (added in revision 0002): the spec as add_cron stored it in Valkey, and the due
+# time of the last occurrence admitted, so a Valkey that lost them gets them back.
+crons = Table(
+    "emq_floor_crons",
+    metadata,
+    Column("queue", String(128), primary_key=True),
+    Column("key", String(128), primary_key=True),
+    Column("spec", Text, nullable=False),
+    Column("last_ms", BigInteger, nullable=False),
+    Column("updated_ms", BigInteger),
+)

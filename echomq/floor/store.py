@@ -22,13 +22,25 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Connection, Engine, delete, false, func, select, text, true, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    bindparam,
+    case,
+    delete,
+    false,
+    func,
+    select,
+    text,
+    true,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
 from echomq.errors import FloorError, FloorSchemaError, StaleFence
 from echomq.floor.engine import WRITE_OPTION, make_engine, redact_url
-from echomq.floor.schema import VERSION_TABLE, fences, jobs
+from echomq.floor.schema import VERSION_TABLE, crons, fences, jobs
 
 # Ids per IN (...) list: well under SQLite's and PostgreSQL's bound-parameter limits.
 _CHUNK = 500
@@ -241,6 +253,63 @@ class Floor:
             apply(rows)
             self._update_spilled(conn, queue, [row.job_id for row in rows], False)
         return len(rows)
+
+    # -- crons ----------------------------------------------------------------
+
+    def put_crons(self, queue: str, rows: Sequence[tuple[str, str, int]], fence: int | None,
+                  *, only: bool = False) -> int:
+        """Insert or replace crons given as (key, spec, last_ms); a stored last_ms that is
+        later is kept. ``only``: delete the queue's other crons (the scheduler's mirror of
+        Valkey). ``fence`` None: a producer's own write. Returns the rows written."""
+        now = _now_ms()
+        params = [{"queue": queue, "key": key, "spec": spec, "last_ms": last,
+                   "updated_ms": now} for key, spec, last in {r[0]: r for r in rows}.values()]
+        stmt = self._insert(crons)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[crons.c.queue, crons.c.key],
+            set_={"spec": stmt.excluded.spec, "updated_ms": stmt.excluded.updated_ms,
+                  "last_ms": case((stmt.excluded.last_ms > crons.c.last_ms,
+                                   stmt.excluded.last_ms), else_=crons.c.last_ms)},
+        )
+        with self._write("put_crons", queue, fence) as conn:
+            if params:
+                conn.execute(stmt, params)
+            if only:
+                gone = delete(crons).where(crons.c.queue == queue)
+                if params:
+                    gone = gone.where(crons.c.key.not_in([p["key"] for p in params]))
+                conn.execute(gone)
+        return len(params)
+
+    def drop_crons(self, queue: str, keys: Iterable[str], fence: int | None = None) -> int:
+        """Delete these crons of ``queue``; returns how many existed."""
+        dropped, names = 0, _unique(keys)
+        if not names:
+            return 0
+        with self._write("drop_crons", queue, fence) as conn:
+            for chunk in _chunks(names):
+                dropped += conn.execute(delete(crons).where(
+                    crons.c.queue == queue, crons.c.key.in_(chunk))).rowcount
+        return dropped
+
+    def crons_fired(self, queue: str, lasts: dict[str, int], fence: int) -> None:
+        """Record the last admitted occurrence of each cron (never moving one back)."""
+        if not lasts:
+            return
+        now = _now_ms()
+        stmt = (update(crons)
+                .where(crons.c.queue == queue, crons.c.key == bindparam("k"),
+                       crons.c.last_ms < bindparam("last"))
+                .values(last_ms=bindparam("last"), updated_ms=now))
+        with self._write("crons_fired", queue, fence) as conn:
+            conn.execute(stmt, [{"k": key, "last": last} for key, last in lasts.items()])
+
+    def cron_rows(self, queue: str) -> list[tuple[str, str, int]]:
+        """Every cron of ``queue`` as (key, spec, last_ms), by key."""
+        stmt = (select(crons.c.key, crons.c.spec, crons.c.last_ms)
+                .where(crons.c.queue == queue).order_by(crons.c.key))
+        with self._guard("cron_rows"), self._engine.connect() as conn:
+            return [(key, spec, int(last)) for key, spec, last in conn.execute(stmt)]
 
     # -- reads ----------------------------------------------------------------
 

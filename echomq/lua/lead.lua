@@ -9,7 +9,14 @@
   The leader also renews the fold lease (meta field "fold": until when, in
   server ms, scripts append to the fold and closed logs). When no scheduler
   runs, the lease runs out and the logs stop growing; the next leader learns
-  that it lapsed and sweeps the schedule set onto the floor instead.
+  that it lapsed and sweeps the schedule set onto the floor instead. A
+  scheduler without a floor (it only admits crons) passes a fold lease of 0
+  and leaves the fold lease alone.
+
+  The leader stamps meta "led" with the server time of each renewal; the call
+  returns the stamp it replaced, so a new leader knows whether a scheduler ran
+  moments ago (a hand-over) or not for a while (occurrences missed meanwhile are
+  admitted once, not once per missed tick). Meta "crons" is the crons' version.
 
   Input:
     KEYS[1] leader    string "<replica>|<fence>", with a TTL
@@ -17,16 +24,17 @@
     KEYS[3] closed    list of ids whose floor rows to close
     KEYS[4] epoch     set by the scheduler; gone means Valkey lost its data
     KEYS[5] schedule  zset of deferred job ids by due time (ms)
-    KEYS[6] meta      queue settings hash (field "fold")
+    KEYS[6] meta      queue settings hash (fields "fold", "led", "crons")
     ARGV[1] replica id
     ARGV[2] lease ttl in ms
     ARGV[3] spill threshold offset in ms (jobs due after now + this are spill candidates)
-    ARGV[4] fold lease in ms
+    ARGV[4] fold lease in ms (0: leave the fold lease alone)
 
   Output:
     { fence or -1 when another replica leads, fold length, closed length,
       epoch or "", spill candidates, server now in ms,
-      1 when the fold lease had lapsed before this call (else 0) }
+      1 when the fold lease had lapsed before this call (else 0),
+      the previous "led" stamp or "" (a leader only; else ""), the crons' version or "" }
 ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -44,11 +52,18 @@ else
   redis.call('SET', KEYS[1], me .. '|' .. fence, 'PX', ARGV[2])
 end
 local lapsed = 0
+local meta = redis.call('HMGET', KEYS[6], 'fold', 'led', 'crons')
+local led = ''
 if fence >= 0 then
-  if (tonumber(redis.call('HGET', KEYS[6], 'fold') or '') or 0) < now then lapsed = 1 end
-  redis.call('HSET', KEYS[6], 'fold', now + tonumber(ARGV[4]))
+  led = meta[2] or ''
+  if tonumber(ARGV[4]) > 0 then
+    if (tonumber(meta[1] or '') or 0) < now then lapsed = 1 end
+    redis.call('HSET', KEYS[6], 'fold', now + tonumber(ARGV[4]), 'led', now)
+  else
+    redis.call('HSET', KEYS[6], 'led', now)
+  end
 end
 local epoch = redis.call('GET', KEYS[4]) or ''
 local spill = redis.call('ZCOUNT', KEYS[5], '(' .. (now + tonumber(ARGV[3])), '+inf')
 return { fence, redis.call('LLEN', KEYS[2]), redis.call('LLEN', KEYS[3]), epoch, spill, now,
-  lapsed }
+  lapsed, led, meta[3] or '' }

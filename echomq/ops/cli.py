@@ -8,6 +8,7 @@
     echomq --redis-url URL cancel QUEUE JOB_ID
     echomq --redis-url URL pause QUEUE | resume QUEUE
     echomq --redis-url URL purge QUEUE --state completed|dead|cancelled
+    echomq --redis-url URL crons QUEUE [--json]
     echomq --redis-url URL dashboard [--host H] [--port 8081] [--allow-actions]
 
 ``--redis-url`` falls back to ``ECHOMQ_REDIS_URL``. Exit codes: 0 done, 1 not found or
@@ -17,6 +18,7 @@ refused (or the server could not be reached), 2 usage.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -75,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("purge", "delete every job in a finished state")
     p.add_argument("queue")
     p.add_argument("--state", required=True, choices=PURGEABLE)
+    command("crons", "the queue's crons: schedule, job, last and next occurrence"
+            ).add_argument("queue")
     p = command("dashboard", "serve the web page")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8081)
@@ -232,6 +236,15 @@ def cmd_purge(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
     return {"queue": q.name, "state": args.state, "purged": n}, f"purged {n} {args.state} job(s)"
 
 
+def cmd_crons(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    crons = _queue(client, args.queue).crons()
+    data = [dataclasses.asdict(c) for c in crons]
+    text = table(["key", "expr", "tz", "name", "lane", "last (UTC)", "next (UTC)", "payload"],
+                 [[c.key, c.expr, c.tz, c.name, c.lane, _when(c.last_ms), _when(c.next_ms),
+                   _short(c.payload)] for c in crons]) if crons else "no crons"
+    return data, text
+
+
 def cmd_dashboard(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
     """`echomq dashboard`: serve the dashboard until interrupted; `Refused` if it cannot bind."""
     from echomq.ops.dashboard import serve
@@ -247,7 +260,7 @@ def cmd_dashboard(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 COMMANDS: dict[str, Callable[[Any, argparse.Namespace], tuple[Any, str]]] = {
     "queues": cmd_queues, "stats": cmd_stats, "jobs": cmd_jobs, "show": cmd_show,
     "retry": cmd_retry, "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_resume,
-    "purge": cmd_purge, "dashboard": cmd_dashboard,
+    "purge": cmd_purge, "crons": cmd_crons, "dashboard": cmd_dashboard,
 }
 
 

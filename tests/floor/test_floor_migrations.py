@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from echomq.errors import FloorSchemaError
 from echomq.floor import Floor
 
-TABLES = {"emq_floor_jobs", "emq_floor_fences"}
+TABLES = {"emq_floor_jobs", "emq_floor_fences", "emq_floor_crons"}
 INDEX = "ix_emq_floor_jobs_queue_spilled_due"
 
 
@@ -90,3 +90,22 @@ def test_migrations_ship_as_package_data(floor: Floor) -> None:
     assert root.joinpath("env.py").is_file()
     assert root.joinpath("script.py.mako").is_file()
     assert root.joinpath("versions", "0001_floor.py").is_file()
+    assert root.joinpath("versions", "0002_crons.py").is_file()
+
+
+def test_crons_revision_up_and_down_keeps_the_jobs(empty_floor: Floor) -> None:
+    """0001 -> 0002 adds the crons table beside existing rows; down to 0001 drops it alone."""
+    from echomq.floor import FloorRow
+
+    empty_floor.upgrade("0001_floor")
+    assert "emq_floor_crons" not in _tables(empty_floor)
+    empty_floor.upsert("q", [FloorRow("kept", 5, {"name": "x"})], fence=1)
+    empty_floor.upgrade()
+    assert empty_floor.current_revision() == "0002_crons" == empty_floor.head_revision()
+    empty_floor.put_crons("q", [("nightly", '{"expr":"0 3 * * *"}', 7)], None)
+    assert empty_floor.cron_rows("q") == [("nightly", '{"expr":"0 3 * * *"}', 7)]
+    empty_floor.downgrade("0001_floor")
+    assert "emq_floor_crons" not in _tables(empty_floor)
+    assert [r.job_id for r in empty_floor.open_rows("q", None, 10)] == ["kept"]
+    empty_floor.upgrade()
+    assert empty_floor.cron_rows("q") == []

@@ -44,6 +44,24 @@ def test_base_install_admits_without_sqlalchemy_alembic_or_psutil(redis_url: str
     assert done.stdout.strip() == "ok"
 
 
+def test_add_cron_without_croniter_names_the_cron_extra(redis_url: str) -> None:
+    block = BLOCK.replace('{"sqlalchemy", "alembic", "psutil"}', '{"croniter"}')
+    assert block != BLOCK
+    code = textwrap.dedent("""
+        import uuid, echomq
+        q = echomq.Queue("install-cron-" + uuid.uuid4().hex[:8], redis_url=URL)
+        try:
+            q.add_cron("nightly", "0 3 * * *", "report")
+        except echomq.MissingExtra as exc:
+            print(exc)
+        assert q.crons() == []  # nothing stored
+    """).replace("URL", repr(redis_url))
+    done = subprocess.run([sys.executable, "-c", block + code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'echomq[cron]'" in done.stdout and "croniter" in done.stdout
+
+
 @pytest.mark.parametrize(("module", "extra"), [("echomq.supervisor", "supervisor"),
                                                ("echomq.floor", "floor"),
                                                ("echomq.supervisor.cli", "supervisor")])

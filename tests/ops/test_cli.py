@@ -149,7 +149,7 @@ def test_url_from_the_environment_and_usage_errors(redis_url: str, queue_name: s
 
 
 @pytest.mark.parametrize("command", ["queues", "stats", "jobs", "show", "retry", "cancel",
-                                     "pause", "resume", "purge", "dashboard"])
+                                     "pause", "resume", "purge", "crons", "dashboard"])
 def test_every_subcommand_has_help(command: str) -> None:
     res = run_cli(command, "--help")
     assert res.code == 0 and "usage: echomq" in res.out
@@ -174,3 +174,19 @@ def test_retry_without_ids_moves_every_dead_job(cli: Any, redis_url: str,
     res = cli("retry", queue_name, "--json")
     assert res.code == 0 and res.json["retried"] == 2_345
     assert q.counts()["dead"] == 0 and q.counts()["waiting"] == 2_345
+
+
+def test_crons_lists_the_queues_crons(cli: Any, redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    assert cli("crons", queue_name).code == 1  # unknown queue
+    q.add_cron("nightly", "0 3 * * *", "report", {"kind": "daily"}, tz="Europe/Paris")
+    q.add_cron("tick", "*/10 * * * * *", "ping")
+    res = cli("crons", queue_name, "--json")
+    assert res.code == 0, res.err
+    assert [(c["key"], c["expr"], c["tz"], c["payload"]) for c in res.json] == [
+        ("nightly", "0 3 * * *", "Europe/Paris", {"kind": "daily"}),
+        ("tick", "*/10 * * * * *", "UTC", None)]
+    assert all(c["next_ms"] > c["last_ms"] for c in res.json)
+    human = cli("crons", queue_name)
+    assert human.code == 0 and human.out.splitlines()[0].split()[:3] == ["key", "expr", "tz"]
+    assert "nightly" in human.out and "*/10 * * * * *" in human.out
