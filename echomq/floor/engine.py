@@ -10,6 +10,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from echomq.connection import redact_url as redact_text_url
 from echomq.errors import FloorError
+from echomq.floor.forkgate import GATE
 
 #: Execution option that makes a SQLite transaction start with BEGIN IMMEDIATE.
 WRITE_OPTION = "emq_write"
@@ -80,6 +81,7 @@ def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
         if parsed.get_backend_name() == "sqlite":
             engine = create_engine(parsed)
             _tune_sqlite(engine, busy_timeout_ms)
+            GATE.watch(engine)  # no fork while another thread is inside SQLite
             return engine
         connect_args = _pg_connect_args(parsed, connect_timeout_s, statement_timeout_ms,
                                         lock_timeout_ms, tcp_user_timeout_ms)
