@@ -33,6 +33,16 @@ class Outcome:
         return [self.job_id, self.token, self.outcome, safe_text(self.text), self.retry_ms]
 
 
+def record_lane_limit(client: redis.Redis, keys: Keys, max_active: int) -> None:
+    """Record the queue's default max_active per lane (``QueueSettings.lane_limit``,
+    ``--lane-limit``), keeping a default rate recorded before; nothing when unchanged."""
+    raw = client.hget(keys.limits, "*")
+    old = (raw.decode() if isinstance(raw, bytes) else raw or "- - -").split()
+    value = " ".join([str(max_active), *(old[1:3] + ["-", "-"])[:2]])
+    if value != (raw.decode() if isinstance(raw, bytes) else raw):
+        scripts.set_limit(client, keys, "*", value)
+
+
 def safe_text(text: str) -> bytes:
     """UTF-8 bytes of a handler's error or result; a lone surrogate (a file name decoded
     with surrogateescape) becomes a ``\\udcXX`` escape instead of failing the settle."""
