@@ -22,7 +22,8 @@
   wake zset, scored by that time; the doorbell rings when it becomes the
   earliest wake, so a parked metronome re-computes its wait). A job claimed
   from a lane with a max_active is counted in the active hash and marked
-  "held"; a start of a rate-limited lane is logged in "starts:<lane>".
+  "held" 1 (0 when the queue has limits but not for its lane); a start of a
+  rate-limited lane is logged in "starts:<lane>" (expiring with its window).
 
   Input:
     KEYS[1] ring      list of lanes with waiting jobs (priority 0)
@@ -61,7 +62,7 @@ local popped = 0
 local remains = false
 
 -- lease one popped id; returns its job key and token, or nil when the hash is gone
-local function take(id, lane)
+local function take(id, lane, held)
   popped = popped + 1
   local jk = prefix .. 'job:' .. id
   local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
@@ -80,8 +81,13 @@ local function take(id, lane)
   end
   local token = string.format('%d', token_base + claimed + 1)
   local attempts = (tonumber(f[3]) or 0) + 1  -- a malformed count reads as none
-  redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
-    'started_ms', now)
+  if held then
+    redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
+      'started_ms', now, 'held', held)
+  else
+    redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
+      'started_ms', now)
+  end
   redis.call('ZADD', KEYS[2], expiry, id)
   local n = #out
   out[n + 1] = id
@@ -133,24 +139,28 @@ else
     end
     return { max = v[1], rate = v[2], per = v[3] }
   end
+  local limited = redis.call('EXISTS', KEYS[7]) == 1
   local cache = {}
   local function limit_of(lane)
     local l = cache[lane]
     if l == nil then
-      local f = redis.call('HMGET', KEYS[7], lane, '*')
-      local own, default = parse(f[1]), parse(f[2])
-      l = { max = own.max or default.max }
-      if own.rate then l.rate, l.per = own.rate, own.per
-      elseif default.rate then l.rate, l.per = default.rate, default.per end
+      l = {}
+      if limited then
+        local f = redis.call('HMGET', KEYS[7], lane, '*')
+        local own, default = parse(f[1]), parse(f[2])
+        l.max = own.max or default.max
+        if own.rate then l.rate, l.per = own.rate, own.per
+        elseif default.rate then l.rate, l.per = default.rate, default.per end
+      end
       cache[lane] = l
     end
     return l
   end
   local wake_at = nil  -- the earliest rate window this claim closed
-  -- nil when the lane may start a job now; 0 when it is at its max_active; else the
-  -- time (ms) its rate window opens
+  -- nil when the lane may start a job now (counting it in the active hash when it has a
+  -- max_active: the caller gives the count back if nothing is claimed); 0 when it is at
+  -- its max_active; else the time (ms) its rate window opens
   local function closed_until(lane, l)
-    if l.max and tonumber(redis.call('HGET', KEYS[9], lane) or '0') >= l.max then return 0 end
     if l.rate then
       local w = redis.call('ZSCORE', KEYS[11], lane)
       if w then return tonumber(w) end  -- promote opens it (and every level's entry)
@@ -163,6 +173,10 @@ else
         if wake_at == nil or at < wake_at then wake_at = at end
         return at
       end
+    end
+    if l.max and redis.call('HINCRBY', KEYS[9], lane, 1) > l.max then
+      redis.call('HINCRBY', KEYS[9], lane, -1)
+      return 0
     end
     return nil
   end
@@ -188,19 +202,16 @@ else
         if redis.call('LLEN', lk) == 0 then
           redis.call('LREM', rk, -1, lane)
         end
-        if id then
-          local jk, token = take(id, lane)
-          if jk then
-            if l.max then
-              redis.call('HINCRBY', KEYS[9], lane, 1)
-              redis.call('HSET', jk, 'held', '1')
-            end
-            if l.rate then
-              local sk = prefix .. 'starts:' .. lane
-              redis.call('ZADD', sk, now, token)
-              redis.call('PEXPIRE', sk, l.per)
-            end
+        local jk, token = nil, nil
+        if id then jk, token = take(id, lane, limited and (l.max and '1' or '0') or nil) end
+        if not jk then
+          if l.max and redis.call('HINCRBY', KEYS[9], lane, -1) <= 0 then
+            redis.call('HDEL', KEYS[9], lane)
           end
+        elseif l.rate then
+          local sk = prefix .. 'starts:' .. lane
+          redis.call('ZADD', sk, now, token)
+          redis.call('PEXPIRE', sk, l.per)
         end
       end
     end

@@ -60,7 +60,7 @@ end
 -- a counted job of this lane ended: put the lane back on the rings it was taken off
 local function put_back(lane)
   if redis.call('HINCRBY', KEYS[9], lane, -1) <= 0 then redis.call('HDEL', KEYS[9], lane) end
-  if redis.call('ZSCORE', KEYS[11], lane) then return end
+  if redis.call('SCARD', KEYS[10]) == 0 or redis.call('ZSCORE', KEYS[11], lane) then return end
   local levels = redis.call('ZRANGE', KEYS[8], 0, -1)
   levels[#levels + 1] = '0'
   for _, p in ipairs(levels) do
@@ -82,7 +82,7 @@ for _, id in ipairs(ids) do
     if mode == 'stall' and stalls > (tonumber(f[3]) or 1) then
       redis.call('HSET', jk, 'state', 'dead', 'stalls', stalls, 'finished_ms', now,
         'error', 'stalled ' .. stalls .. ' times: the lease expired or the process running it died')
-      redis.call('HDEL', jk, 'token')
+      redis.call('HDEL', jk, 'token', 'held')
       redis.call('ZADD', KEYS[4], now, id)
       redis.call('HINCRBY', KEYS[5], 'dead', 1)
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[7], id) end
@@ -94,7 +94,7 @@ for _, id in ipairs(ids) do
     else
       redis.call('HSET', jk, 'state', 'waiting', 'stalls', stalls)
       if mode == 'unstarted' then redis.call('HINCRBY', jk, 'attempts', -1) end
-      redis.call('HDEL', jk, 'token')
+      redis.call('HDEL', jk, 'token', 'held')
       local lk = prefix .. 'lane:' .. f[1]
       if p ~= '0' then lk = prefix .. 'lane' .. p .. ':' .. f[1] end
       if redis.call('LPUSH', lk, id) == 1 then
@@ -103,10 +103,7 @@ for _, id in ipairs(ids) do
       end
       requeued = requeued + 1
     end
-    if f[7] == '1' then
-      redis.call('HDEL', jk, 'held')
-      put_back(f[1])
-    end
+    if f[7] == '1' then put_back(f[1]) end
   end
 end
 if requeued > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', requeued) end

@@ -57,7 +57,7 @@ local reopened = false
 -- a counted job of this lane ended: put the lane back on the rings it was taken off
 local function put_back(lane)
   if redis.call('HINCRBY', KEYS[12], lane, -1) <= 0 then redis.call('HDEL', KEYS[12], lane) end
-  if redis.call('ZSCORE', KEYS[14], lane) then return end
+  if redis.call('SCARD', KEYS[13]) == 0 or redis.call('ZSCORE', KEYS[14], lane) then return end
   local levels = redis.call('ZRANGE', KEYS[11], 0, -1)
   levels[#levels + 1] = '0'
   for _, p in ipairs(levels) do
@@ -77,15 +77,12 @@ for i = 0, n - 1 do
     out[i + 1] = 0
   else
     redis.call('ZREM', KEYS[1], id)
-    if f[8] == '1' then
-      redis.call('HDEL', jk, 'held')
-      put_back(f[7])
-    end
+    if f[8] == '1' then put_back(f[7]) end
     local outcome = ARGV[b + 2]
     if outcome == 'f' and (tonumber(f[2]) or 0) < (tonumber(f[3]) or 1) then
       local due = now + math.min(tonumber(ARGV[b + 4]) or 0, 3155760000000)  -- <= 100 years
       redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', due, 'error', ARGV[b + 3],
-        'deferred', 1, 'token', '')
+        'deferred', 1, 'token', '', 'held', '0')
       redis.call('ZADD', KEYS[2], due, id)
       if fold then redis.call('RPUSH', KEYS[8], id) end
       local head = redis.call('ZRANGE', KEYS[2], 0, 0)
@@ -110,7 +107,7 @@ for i = 0, n - 1 do
       out[i + 1] = 1
     else
       redis.call('HSET', jk, 'state', 'dead', 'finished_ms', now, 'error', ARGV[b + 3],
-        'token', '')
+        'token', '', 'held', '0')
       redis.call('ZADD', KEYS[3], now, id)
       redis.call('HINCRBY', KEYS[6], 'dead', 1)
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end

@@ -1,0 +1,200 @@
+"""What flow control costs: no-op drain with it unused, with lane limits, with priorities;
+and the server memory a limited lane takes.
+
+    .venv/bin/python bench/flow_control.py                      # 20,000 jobs, 100 lanes, 4 procs
+    .venv/bin/python bench/flow_control.py --runs 3 --json -    # median (min–max) of 3 runs
+    .venv/bin/python bench/flow_control.py --baseline-python OTHER/.venv/bin/python \\
+        --baseline-tree OTHER                                   # plus another checkout's drain
+
+Drain modes (each run: a fresh private server, the jobs bulk-admitted, then
+``echomq-supervisor start --processes N`` with handler ``handlers:noop``; jobs/s from
+the first completed job until the completed total reaches N, as bench/drain.py):
+
+- ``unused``: no limits, no priorities (the plain claim path).
+- ``limits``: every lane with its own ``max_active`` (high enough never to bind, so the
+  figure is the bookkeeping: the active count, the per-lane lookup, the put-back).
+- ``limits-1``: every lane with ``max_active=1`` (binding: strict order in every lane).
+- ``priorities``: the jobs spread over priorities 0, 4 and 9.
+- ``baseline``: ``bench/drain.py`` of another checkout (``--baseline-tree``) run by its own
+  interpreter (``--baseline-python``), same jobs, lanes and processes: the code before
+  flow control.
+
+Modes alternate within each run, so drift on a shared machine hits them alike.
+
+Memory: on a fresh server, ``--mem-lanes`` lanes of one waiting job each; ``used_memory``
+is read after recording a limit on every lane (the limits hash), after claiming one job
+of each lane at ``max_active=1`` (the active count; the lane then blocked, a member of the
+blocked set), and after 10 claimed starts per lane under ``rate=10`` (the starts log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import benchlib as bl
+
+import echomq
+from echomq.lanes import Lanes
+
+MODES = ("unused", "limits", "limits-1", "priorities")
+
+
+def prepare(q: echomq.Queue, mode: str, jobs: int, lanes: int) -> None:
+    """Admit the jobs (and set the limits) of one mode."""
+    if mode in ("limits", "limits-1"):
+        for i in range(lanes):
+            q.set_lane_limit(f"l{i}", max_active=1_000_000 if mode == "limits" else 1)
+    if mode == "priorities":
+        done = 0
+        while done < jobs:
+            n = min(20_000, jobs - done)
+            q.add_many([("noop", None, {"lane": f"l{(done + i) % lanes}",
+                                        "priority": (0, 4, 9)[(done + i) % 3]})
+                        for i in range(n)])
+            done += n
+    else:
+        bl.admit_noop(q, jobs, lanes)
+
+
+def one_run(mode: str, processes: int, jobs: int, lanes: int, timeout: float) -> float:
+    with bl.private_redis() as server:
+        r = bl.client(server.url)
+        name = bl.unique_queue("flow")
+        q = echomq.Queue(name, redis_url=server.url)
+        prepare(q, mode, jobs, lanes)
+        launched = time.perf_counter()
+        proc = bl.start_supervisor(server.url, name, "handlers:noop", processes)
+        try:
+            res = bl.measure_drain(lambda: bl.completed(r, name), jobs, timeout,
+                                   launched=launched)
+        finally:
+            proc.stop()
+        counts = q.counts()
+        if counts["completed"] != jobs or counts["waiting"] or counts["active"]:
+            raise RuntimeError(f"{mode}: unexpected counts after drain: {counts}")
+        q.close()
+        return float(res["rate"])
+
+
+def baseline_run(python: str, tree: str, processes: int, jobs: int, lanes: int) -> float:
+    """One drain by another checkout's bench/drain.py, under its own interpreter."""
+    out = subprocess.run(
+        [python, str(Path(tree) / "bench" / "drain.py"), "--jobs", str(jobs), "--lanes",
+         str(lanes), "--processes", str(processes), "--no-standalone", "--json", "-"],
+        cwd=tree, check=True, capture_output=True, text=True)
+    data = json.loads(out.stdout[out.stdout.index("{"):])
+    return float(data["results"][0]["rate"]["median"])
+
+
+def memory(lanes: int) -> dict[str, float]:
+    """Server bytes per lane for each piece of flow-control state."""
+    with bl.private_redis() as server:
+        r = bl.client(server.url)
+        name = bl.unique_queue("flowmem")
+        q = echomq.Queue(name, redis_url=server.url, claim_batch=lanes)
+        q.add_many([("noop", None, {"lane": f"lane-{i:06d}"}) for i in range(lanes)])
+        q.add_many([("noop", None, {"lane": f"lane-{i:06d}"}) for i in range(lanes)])
+
+        def used() -> int:
+            return int(r.info("memory")["used_memory"])
+
+        before = used()
+        for i in range(lanes):
+            q.set_lane_limit(f"lane-{i:06d}", max_active=1)
+        limits = used()
+        claimer = Lanes(q.redis, q.keys, q.settings)
+        got = 0
+        while got < lanes:
+            got += len(claimer.claim(1000))
+        claimer.claim(1000)  # meets every lane again at its limit: each leaves the ring
+        blocked = used()
+        out = {"limit recorded": (limits - before) / lanes,
+               "max_active in use (count, lane blocked)": (blocked - limits) / lanes}
+    with bl.private_redis() as server:
+        r = bl.client(server.url)
+        name = bl.unique_queue("flowmem")
+        q = echomq.Queue(name, redis_url=server.url)
+        for i in range(lanes):
+            q.set_lane_limit(f"lane-{i:06d}", rate=10, per_s=60)
+        q.add_many([("noop", None, {"lane": f"lane-{i % lanes:06d}"})
+                    for i in range(lanes * 10)])
+        before = int(r.info("memory")["used_memory"])
+        claimer = Lanes(q.redis, q.keys, q.settings)
+        got = 0
+        while got < lanes * 10:
+            got += len(claimer.claim(1000))
+        after = int(r.info("memory")["used_memory"])
+        # the claimed jobs' own growth (state, token, lease) is the same without limits:
+        # measured on a queue without them and taken off
+        plain = echomq.Queue(bl.unique_queue("flowmem"), redis_url=server.url)
+        plain.add_many([("noop", None, {"lane": f"lane-{i % lanes:06d}"})
+                        for i in range(lanes * 10)])
+        p0 = int(r.info("memory")["used_memory"])
+        pc = Lanes(plain.redis, plain.keys, plain.settings)
+        got = 0
+        while got < lanes * 10:
+            got += len(pc.claim(1000))
+        p1 = int(r.info("memory")["used_memory"])
+        out["rate=10 in use (10 starts logged)"] = ((after - before) - (p1 - p0)) / lanes
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=20_000)
+    ap.add_argument("--lanes", type=int, default=100)
+    ap.add_argument("--processes", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--baseline-python", help="interpreter of the checkout to compare with")
+    ap.add_argument("--baseline-tree", help="that checkout's root")
+    ap.add_argument("--mem-lanes", type=int, default=10_000)
+    ap.add_argument("--timeout", type=float, default=None)
+    ap.add_argument("--json", metavar="FILE|-")
+    args = ap.parse_args(argv)
+    timeout = args.timeout or max(120.0, args.jobs / 200)
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in MODES:
+            raise SystemExit(f"unknown mode {m!r}: use {', '.join(MODES)}")
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    if args.baseline_python:
+        rates = {"baseline": [], **rates}
+    for run in range(args.runs):
+        for mode in rates:
+            if mode == "baseline":
+                rate = baseline_run(args.baseline_python, args.baseline_tree or ".",
+                                    args.processes, args.jobs, args.lanes)
+            else:
+                rate = one_run(mode, args.processes, args.jobs, args.lanes, timeout)
+            rates[mode].append(rate)
+            print(f"  run {run + 1} {mode}: {rate:,.0f} jobs/s", file=sys.stderr)
+    ref = "baseline" if "baseline" in rates else "unused"
+    ref_median = bl.summary(rates[ref])["median"] if ref in rates else None
+    rows = []
+    for mode, values in rates.items():
+        s = bl.summary(values)
+        rel = f"{(s['median'] / ref_median - 1) * 100:+.1f}%" if ref_median else ""
+        rows.append([mode, bl.fmt_range(s), rel])
+    bl.print_table(
+        f"Flow control: {args.jobs:,} no-op jobs over {args.lanes} lanes, supervisor "
+        f"×{args.processes}, median (min–max) of {args.runs} run(s)",
+        ["mode", "jobs/s", f"vs {ref}"], rows)
+    mem = memory(args.mem_lanes) if args.mem_lanes else {}
+    if mem:
+        bl.print_table(f"Server memory per lane ({args.mem_lanes:,} lanes)",
+                       ["state", "bytes per lane"], [[k, f"{v:,.0f}"] for k, v in mem.items()])
+    bl.emit_json(args.json, {"bench": "flow_control", "jobs": args.jobs, "lanes": args.lanes,
+                             "processes": args.processes,
+                             "rates": {m: bl.summary(v) for m, v in rates.items()},
+                             "memory_bytes_per_lane": mem})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
