@@ -20,7 +20,9 @@
   blocked set as "<p>|<lane>"; settle, reap and release put it back when one
   of its counted jobs ends, and promote when its rate window opens (the lane
   wake zset, scored by that time; the doorbell rings when it becomes the
-  earliest wake, so a parked metronome re-computes its wait). A job claimed
+  earliest wake, so a parked metronome re-computes its wait). Lanes taken off
+  do not count as turns; after 1000 in one call the claim stops and rings when
+  lanes remain, so the next claim goes on. A job claimed
   from a lane with a max_active is counted in the active hash and marked
   "held" 1 (0 when the queue has limits but not for its lane); a start of a
   rate-limited lane is logged in "starts:<lane>" (expiring with its window).
@@ -60,6 +62,7 @@ local turns = 0
 local token_base = nil  -- one INCRBY reserves the tokens of the whole batch
 local popped = 0
 local remains = false
+local skipped_out = false
 
 -- lease one popped id; returns its job key and token, or nil when the hash is gone
 local function take(id, lane, held)
@@ -181,7 +184,8 @@ else
     return nil
   end
   local li = 1
-  while claimed < count and turns < count * 4 and levels[li] do
+  local skips = 0  -- lanes taken off at a limit: not turns, each leaves its ring
+  while claimed < count and turns < count * 4 and skips < 1000 and levels[li] do
     local p = levels[li]
     local rk = ring_key(p)
     local lane = redis.call('LMOVE', rk, rk, 'LEFT', 'RIGHT')
@@ -194,6 +198,8 @@ else
       local at = nil
       if l.max or l.rate then at = closed_until(lane, l) end
       if at then
+        turns = turns - 1
+        skips = skips + 1
         redis.call('LREM', rk, -1, lane)
         redis.call('SADD', KEYS[10], p .. '|' .. lane)
       else
@@ -216,6 +222,7 @@ else
       end
     end
   end
+  skipped_out = skips >= 1000
   for i = li, #levels do
     if redis.call('LLEN', ring_key(levels[i])) > 0 then
       remains = true
@@ -237,7 +244,9 @@ else
   end
 end
 if popped > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', -popped) end
-if ARGV[4] == '1' and claimed > 0 and remains then
+-- a claim that stopped at its cap of skipped lanes rings whatever it claimed, so the
+-- next claim goes on through the ring
+if (ARGV[4] == '1' and claimed > 0 or skipped_out) and remains then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
   else

@@ -289,3 +289,18 @@ def test_aio_add_and_task_options_take_a_priority(redis_url: str, queue_name: st
     sent = shout.options(priority=8).send("hi")
     assert q.get(job_id).priority == 6 and q.get(sent).priority == 8  # type: ignore[union-attr]
     assert [c.id for c in _lanes(q).claim(2)] == [sent, job_id]
+
+
+def test_a_claim_past_1000_blocked_lanes_rings_so_the_next_one_goes_on(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.set_lane_limit("*", max_active=1)
+    q.add_many([("x", i, {"lane": f"l{i % 1100}"}) for i in range(2200)])
+    lanes = _lanes(q)
+    assert len(lanes.claim(1100)) == 1100  # every lane at its limit, still on the ring
+    q.add("x", "free", lane="z")  # behind 1,100 lanes at their limit
+    r.delete(q.keys.wake)
+    assert lanes.claim(1) == []  # stopped after 1,000 of them, and said so
+    assert r.lrange(q.keys.wake, 0, -1) == [b"1"]
+    assert [c.lane for c in lanes.claim(1)] == ["z"]
+    assert r.scard(q.keys.blocked) == 1100 and r.llen(q.keys.ring) == 0
