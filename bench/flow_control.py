@@ -4,7 +4,7 @@ and the server memory a limited lane takes.
     .venv/bin/python bench/flow_control.py                      # 20,000 jobs, 100 lanes, 4 procs
     .venv/bin/python bench/flow_control.py --runs 3 --json -    # median (min–max) of 3 runs
     .venv/bin/python bench/flow_control.py --baseline-python OTHER/.venv/bin/python \\
-        --baseline-tree OTHER                                   # plus another checkout's drain
+        --baseline-tree OTHER                                   # plus another checkout's
 
 Drain modes (each run: a fresh private server, the jobs bulk-admitted, then
 ``echomq-supervisor start --processes N`` with handler ``handlers:noop``; jobs/s from
@@ -15,9 +15,13 @@ the first completed job until the completed total reaches N, as bench/drain.py):
   figure is the bookkeeping: the active count, the per-lane lookup, the put-back).
 - ``limits-1``: every lane with ``max_active=1`` (binding: strict order in every lane).
 - ``priorities``: the jobs spread over priorities 0, 4 and 9.
-- ``baseline``: ``bench/drain.py`` of another checkout (``--baseline-tree``) run by its own
-  interpreter (``--baseline-python``), same jobs, lanes and processes: the code before
-  flow control.
+- ``baseline``: this script's ``unused`` drain run by another checkout's interpreter
+  (``--baseline-python``, from ``--baseline-tree``), so with that checkout's scripts and
+  supervisor: the code before flow control.
+
+Each mode reports jobs/s (wall clock: on a busy machine it swings with the other
+processes) and the server's CPU time per job (``INFO cpu`` over the drain: the cost of
+the scripts, which is what flow control changes, and steady under load).
 
 Modes alternate within each run, so drift on a shared machine hits them alike.
 
@@ -37,6 +41,7 @@ import time
 from pathlib import Path
 
 import benchlib as bl
+import redis
 
 import echomq
 from echomq.lanes import Lanes
@@ -61,12 +66,21 @@ def prepare(q: echomq.Queue, mode: str, jobs: int, lanes: int) -> None:
         bl.admit_noop(q, jobs, lanes)
 
 
-def one_run(mode: str, processes: int, jobs: int, lanes: int, timeout: float) -> float:
+def server_cpu(r: redis.Redis) -> float:
+    """The server process's CPU seconds so far (user + system): unlike wall time, it does
+    not grow when other processes take the machine's cores."""
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def one_run(mode: str, processes: int, jobs: int, lanes: int, timeout: float
+            ) -> dict[str, float]:
     with bl.private_redis() as server:
         r = bl.client(server.url)
         name = bl.unique_queue("flow")
         q = echomq.Queue(name, redis_url=server.url)
         prepare(q, mode, jobs, lanes)
+        cpu0 = server_cpu(r)
         launched = time.perf_counter()
         proc = bl.start_supervisor(server.url, name, "handlers:noop", processes)
         try:
@@ -74,21 +88,24 @@ def one_run(mode: str, processes: int, jobs: int, lanes: int, timeout: float) ->
                                    launched=launched)
         finally:
             proc.stop()
+        cpu = server_cpu(r) - cpu0
         counts = q.counts()
         if counts["completed"] != jobs or counts["waiting"] or counts["active"]:
             raise RuntimeError(f"{mode}: unexpected counts after drain: {counts}")
         q.close()
-        return float(res["rate"])
+        return {"rate": float(res["rate"]), "server_cpu_us": cpu / jobs * 1e6}
 
 
-def baseline_run(python: str, tree: str, processes: int, jobs: int, lanes: int) -> float:
-    """One drain by another checkout's bench/drain.py, under its own interpreter."""
+def baseline_run(python: str, tree: str, processes: int, jobs: int, lanes: int
+                 ) -> dict[str, float]:
+    """One "unused" drain by this script under another checkout's interpreter (so with
+    that checkout's echomq: its scripts, its supervisor)."""
     out = subprocess.run(
-        [python, str(Path(tree) / "bench" / "drain.py"), "--jobs", str(jobs), "--lanes",
-         str(lanes), "--processes", str(processes), "--no-standalone", "--json", "-"],
-        cwd=tree, check=True, capture_output=True, text=True)
+        [python, str(Path(__file__).resolve()), "--modes", "unused", "--jobs", str(jobs),
+         "--lanes", str(lanes), "--processes", str(processes), "--mem-lanes", "0",
+         "--json", "-"], cwd=tree, check=True, capture_output=True, text=True)
     data = json.loads(out.stdout[out.stdout.index("{"):])
-    return float(data["results"][0]["rate"]["median"])
+    return dict(data["raw"]["unused"][0])
 
 
 def memory(lanes: int) -> dict[str, float]:
@@ -162,36 +179,43 @@ def main(argv: list[str] | None = None) -> int:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"unknown mode {m!r}: use {', '.join(MODES)}")
-    rates: dict[str, list[float]] = {m: [] for m in modes}
+    raw: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     if args.baseline_python:
-        rates = {"baseline": [], **rates}
+        raw = {"baseline": [], **raw}
     for run in range(args.runs):
-        for mode in rates:
+        for mode in raw:
             if mode == "baseline":
-                rate = baseline_run(args.baseline_python, args.baseline_tree or ".",
-                                    args.processes, args.jobs, args.lanes)
+                res = baseline_run(args.baseline_python, args.baseline_tree or ".",
+                                   args.processes, args.jobs, args.lanes)
             else:
-                rate = one_run(mode, args.processes, args.jobs, args.lanes, timeout)
-            rates[mode].append(rate)
-            print(f"  run {run + 1} {mode}: {rate:,.0f} jobs/s", file=sys.stderr)
-    ref = "baseline" if "baseline" in rates else "unused"
-    ref_median = bl.summary(rates[ref])["median"] if ref in rates else None
+                res = one_run(mode, args.processes, args.jobs, args.lanes, timeout)
+            raw[mode].append(res)
+            print(f"  run {run + 1} {mode}: {res['rate']:,.0f} jobs/s, server "
+                  f"{res['server_cpu_us']:.1f} us CPU/job", file=sys.stderr)
+    ref = "baseline" if "baseline" in raw else "unused"
     rows = []
-    for mode, values in rates.items():
-        s = bl.summary(values)
-        rel = f"{(s['median'] / ref_median - 1) * 100:+.1f}%" if ref_median else ""
-        rows.append([mode, bl.fmt_range(s), rel])
-    bl.print_table(
-        f"Flow control: {args.jobs:,} no-op jobs over {args.lanes} lanes, supervisor "
-        f"×{args.processes}, median (min–max) of {args.runs} run(s)",
-        ["mode", "jobs/s", f"vs {ref}"], rows)
+    if raw:
+        ref_rate = bl.summary([x["rate"] for x in raw[ref]])["median"] if ref in raw else 0
+        ref_cpu = (bl.summary([x["server_cpu_us"] for x in raw[ref]])["median"]
+                   if ref in raw else 0)
+        for mode, values in raw.items():
+            rate = bl.summary([x["rate"] for x in values])
+            cpu = bl.summary([x["server_cpu_us"] for x in values])
+            rows.append([mode, bl.fmt_range(rate),
+                         f"{(rate['median'] / ref_rate - 1) * 100:+.1f}%" if ref_rate else "",
+                         bl.fmt_range(cpu, "{:.1f}"),
+                         f"{(cpu['median'] / ref_cpu - 1) * 100:+.1f}%" if ref_cpu else ""])
+        bl.print_table(
+            f"Flow control: {args.jobs:,} no-op jobs over {args.lanes} lanes, supervisor "
+            f"×{args.processes}, median (min–max) of {args.runs} run(s)",
+            ["mode", "jobs/s", f"vs {ref}", "server CPU us/job", f"vs {ref}"], rows)
     mem = memory(args.mem_lanes) if args.mem_lanes else {}
     if mem:
         bl.print_table(f"Server memory per lane ({args.mem_lanes:,} lanes)",
                        ["state", "bytes per lane"], [[k, f"{v:,.0f}"] for k, v in mem.items()])
     bl.emit_json(args.json, {"bench": "flow_control", "jobs": args.jobs, "lanes": args.lanes,
                              "processes": args.processes,
-                             "rates": {m: bl.summary(v) for m, v in rates.items()},
+                             "raw": raw,
                              "memory_bytes_per_lane": mem})
     return 0
 

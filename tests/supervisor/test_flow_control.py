@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pytest
 import redis
 
 import echomq
@@ -79,13 +80,16 @@ def test_a_lane_limit_of_3_is_never_exceeded_by_16_slots(
     assert most == {"a": 3, "b": 3, "c": 3}  # reached, never passed
 
 
+@pytest.mark.parametrize("doorbell", ["list", "marker"])
 def test_a_rate_of_10_per_second_starts_30_in_3_s_while_other_lanes_run_freely(
-        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis,
+        doorbell: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     q.set_lane_limit("slow", rate=10, per_s=1.0)
     q.add_many([("x", {"seq": i}, {"lane": "slow"}) for i in range(100)])
     q.add_many([("x", {"seq": i // 4}, {"lane": f"free-{i % 4}"}) for i in range(400)])
-    supervisor(redis_url, queue_name, *HANDLER, "--processes", "4").started(4)
+    supervisor(redis_url, queue_name, *HANDLER, "--processes", "4",
+               "--doorbell", doorbell).started(4)
 
     def slow_starts() -> list[int]:
         return sorted(run.started_ms for run in _runs(r, queue_name) if run.lane == "slow")
