@@ -59,7 +59,7 @@ local function ring_key(p)
 end
 -- a counted job of this lane ended: put the lane back on the rings it was taken off
 local function put_back(lane)
-  if redis.call('HINCRBY', KEYS[9], lane, -1) <= 0 then redis.call('HDEL', KEYS[9], lane) end
+  redis.call('HINCRBY', KEYS[9], lane, -1)  -- a count at 0 stays: the next claim needs it
   if redis.call('SCARD', KEYS[10]) == 0 or redis.call('ZSCORE', KEYS[11], lane) then return end
   local levels = redis.call('ZRANGE', KEYS[8], 0, -1)
   levels[#levels + 1] = '0'

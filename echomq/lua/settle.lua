@@ -56,7 +56,7 @@ local rang = false
 local reopened = false
 -- a counted job of this lane ended: put the lane back on the rings it was taken off
 local function put_back(lane)
-  if redis.call('HINCRBY', KEYS[12], lane, -1) <= 0 then redis.call('HDEL', KEYS[12], lane) end
+  redis.call('HINCRBY', KEYS[12], lane, -1)  -- a count at 0 stays: the next claim needs it
   if redis.call('SCARD', KEYS[13]) == 0 or redis.call('ZSCORE', KEYS[14], lane) then return end
   local levels = redis.call('ZRANGE', KEYS[11], 0, -1)
   levels[#levels + 1] = '0'
