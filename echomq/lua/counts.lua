@@ -28,7 +28,8 @@ local prefix = ARGV[1]
 local lanes = redis.call('LLEN', KEYS[1])
 local levels = redis.call('ZRANGE', KEYS[9], 0, -1)
 for _, p in ipairs(levels) do lanes = lanes + redis.call('LLEN', prefix .. 'ring' .. p) end
-lanes = lanes + redis.call('SCARD', KEYS[10])
+local blocked = redis.call('SCARD', KEYS[10])
+lanes = lanes + blocked
 local waiting = 0
 local function lane_key(p, lane)
   if p == '0' then return prefix .. 'lane:' .. lane end
@@ -45,7 +46,7 @@ else
       waiting = waiting + redis.call('LLEN', lane_key(p, lane))
     end
   end
-  for _, entry in ipairs(redis.call('SMEMBERS', KEYS[10])) do
+  for _, entry in ipairs(blocked > 0 and redis.call('SMEMBERS', KEYS[10]) or {}) do
     local bar = string.find(entry, '|', 1, true)
     waiting = waiting + redis.call('LLEN', lane_key(string.sub(entry, 1, bar - 1),
       string.sub(entry, bar + 1)))
