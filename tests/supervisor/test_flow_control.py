@@ -121,3 +121,19 @@ def test_priority_9_jobs_admitted_behind_10000_start_next(
     first = [run.job_id for run in _runs(r, queue_name)[:20]]
     assert first[:5] == urgent
     assert q.counts()["waiting"] > 9_000
+
+
+def test_with_max_active_1_a_retry_lets_the_next_job_start_and_rejoins_the_tail(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.set_lane_limit("a", max_active=1)
+    first = q.add("x", {"seq": 0, "fail_first": True}, lane="a", backoff=1.0)
+    q.add_many([("x", {"seq": i}, {"lane": "a"}) for i in range(1, 5)])
+    supervisor(redis_url, queue_name, *HANDLER, "--processes", "2",
+               "--concurrency", "2").started(2)
+    wait_until(lambda: q.counts()["completed"] == 5, 30, "5 completions")
+    runs = _runs(r, queue_name)
+    assert [run.seq for run in runs] == [0, 1, 2, 3, 4, 0]  # the retry went to the tail
+    assert runs[-1].job_id == first and {run.active for run in runs} == {1}
+    for before, after in zip(runs, runs[1:], strict=False):
+        assert before.end is not None and before.end <= after.start
