@@ -410,7 +410,7 @@ class Queue:
             raise ValueError(f"unknown state {state!r}: use one of {', '.join(STATES)}")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise ValueError(f"limit must be an integer from 1 to 10000, got {limit!r}")
-        if cursor and not re.fullmatch(r"\d+(:\d+)?", cursor):
+        if cursor and not re.fullmatch(r"\d+(:\d+){0,2}", cursor):
             raise ValueError(f"invalid cursor {cursor!r}")
         with translated(self.where):
             nxt, flat = scripts.jobs(self.redis, self.keys, state, cursor, limit)

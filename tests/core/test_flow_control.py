@@ -304,3 +304,28 @@ def test_a_claim_past_1000_blocked_lanes_rings_so_the_next_one_goes_on(
     assert r.lrange(q.keys.wake, 0, -1) == [b"1"]
     assert [c.lane for c in lanes.claim(1)] == ["z"]
     assert r.scard(q.keys.blocked) == 1100 and r.llen(q.keys.ring) == 0
+
+
+def test_the_waiting_listing_pages_through_priorities_and_blocked_lanes(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.set_lane_limit("held", max_active=1)
+    held = q.add_many([("x", i, {"lane": "held"}) for i in range(4)])
+    [running] = _lanes(q).claim(10)  # one of "held" runs
+    assert _lanes(q).claim(10) == []  # and the lane leaves the ring at its limit
+    ids = set(held) - {running.id}
+    ids |= set(q.add_many([("x", i, {"lane": f"l{i % 5}"}) for i in range(13)]))
+    ids |= set(q.add_many([("x", i, {"lane": f"l{i % 3}", "priority": 1 + i % 3})
+                           for i in range(11)]))
+    assert q.counts()["waiting"] == 27 == len(ids)
+    for limit in (1, 4, 7, 100):
+        seen: list[str] = []
+        cursor = ""
+        while True:
+            page, cursor = q.jobs_page("waiting", limit=limit, cursor=cursor)
+            seen += [j.id for j in page]
+            if not cursor:
+                break
+        assert len(seen) == 27 and set(seen) == ids, limit
+    first = q.jobs("waiting", limit=4)
+    assert [j.priority for j in first] == [3, 3, 3, 2]  # in claim order: highest first
