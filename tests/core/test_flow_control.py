@@ -329,3 +329,14 @@ def test_the_waiting_listing_pages_through_priorities_and_blocked_lanes(
         assert len(seen) == 27 and set(seen) == ids, limit
     first = q.jobs("waiting", limit=4)
     assert [j.priority for j in first] == [3, 3, 3, 2]  # in claim order: highest first
+
+
+def test_a_consumer_records_its_queue_default_lane_limit(redis_url: str,
+                                                         queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.set_lane_limit("*", rate=5, per_s=2.0)
+    q.add_many([("x", i, {"lane": "a"}) for i in range(3)])
+    echomq.Consumer(queue_name, lambda job: None, redis_url=redis_url,
+                    lane_limit=2).run(burst=True)
+    assert q.lane_limits()["*"] == {"max_active": 2, "rate": 5, "per_s": 2.0}  # rate kept
+    assert q.counts()["completed"] == 3
