@@ -3,6 +3,7 @@ and the server memory a limited lane takes.
 
     .venv/bin/python bench/flow_control.py                      # 20,000 jobs, 100 lanes, 4 procs
     .venv/bin/python bench/flow_control.py --runs 3 --json -    # median (min–max) of 3 runs
+    .venv/bin/python bench/flow_control.py --scripts-only       # the scripts alone, one client
     .venv/bin/python bench/flow_control.py --baseline-python OTHER/.venv/bin/python \\
         --baseline-tree OTHER                                   # plus another checkout's
 
@@ -24,6 +25,9 @@ processes) and the server's CPU time per job (``INFO cpu`` over the drain: the c
 the scripts, which is what flow control changes, and steady under load).
 
 Modes alternate within each run, so drift on a shared machine hits them alike.
+``--scripts-only`` replaces the supervisor by one in-process client that claims 16 jobs
+and settles them (settle and the next claim in one round trip) until the queue is empty:
+the scripts' cost without consumer processes competing for the cores.
 
 Memory: on a fresh server, ``--mem-lanes`` lanes of one waiting job each; ``used_memory``
 is read after recording a limit on every lane (the limits hash), after claiming one job
@@ -44,7 +48,7 @@ import benchlib as bl
 import redis
 
 import echomq
-from echomq.lanes import Lanes
+from echomq.lanes import Lanes, Outcome
 
 MODES = ("unused", "limits", "limits-1", "priorities")
 
@@ -73,6 +77,29 @@ def server_cpu(r: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def scripts_run(mode: str, jobs: int, lanes: int) -> dict[str, float]:
+    """The scripts alone: one client claims 16 and settles them, until the queue is empty.
+    No consumer processes compete for the cores, so the server's CPU per job is steadier."""
+    with bl.private_redis() as server:
+        r = bl.client(server.url)
+        q = echomq.Queue(bl.unique_queue("flow"), redis_url=server.url)
+        prepare(q, mode, jobs, lanes)
+        claimer = Lanes(q.redis, q.keys, q.settings)
+        cpu0 = server_cpu(r)
+        t0 = time.perf_counter()
+        done = 0
+        batch = claimer.claim(16)
+        while batch:
+            done += len(batch)
+            _, batch = claimer.settle_and_claim(
+                [Outcome(c.id, c.token, "c") for c in batch], 16)
+        elapsed = time.perf_counter() - t0
+        cpu = server_cpu(r) - cpu0
+        if done != jobs:
+            raise RuntimeError(f"{mode}: claimed {done} of {jobs}")
+        return {"rate": jobs / elapsed, "server_cpu_us": cpu / jobs * 1e6}
+
+
 def one_run(mode: str, processes: int, jobs: int, lanes: int, timeout: float
             ) -> dict[str, float]:
     with bl.private_redis() as server:
@@ -96,14 +123,15 @@ def one_run(mode: str, processes: int, jobs: int, lanes: int, timeout: float
         return {"rate": float(res["rate"]), "server_cpu_us": cpu / jobs * 1e6}
 
 
-def baseline_run(python: str, tree: str, processes: int, jobs: int, lanes: int
-                 ) -> dict[str, float]:
+def baseline_run(python: str, tree: str, processes: int, jobs: int, lanes: int,
+                 scripts_only: bool) -> dict[str, float]:
     """One "unused" drain by this script under another checkout's interpreter (so with
     that checkout's echomq: its scripts, its supervisor)."""
     out = subprocess.run(
         [python, str(Path(__file__).resolve()), "--modes", "unused", "--jobs", str(jobs),
          "--lanes", str(lanes), "--processes", str(processes), "--mem-lanes", "0",
-         "--json", "-"], cwd=tree, check=True, capture_output=True, text=True)
+         "--json", "-", *(["--scripts-only"] if scripts_only else [])],
+        cwd=tree, check=True, capture_output=True, text=True)
     data = json.loads(out.stdout[out.stdout.index("{"):])
     return dict(data["raw"]["unused"][0])
 
@@ -171,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-python", help="interpreter of the checkout to compare with")
     ap.add_argument("--baseline-tree", help="that checkout's root")
     ap.add_argument("--mem-lanes", type=int, default=10_000)
+    ap.add_argument("--scripts-only", action="store_true",
+                    help="one in-process client claims and settles instead of a supervisor")
     ap.add_argument("--timeout", type=float, default=None)
     ap.add_argument("--json", metavar="FILE|-")
     args = ap.parse_args(argv)
@@ -186,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         for mode in raw:
             if mode == "baseline":
                 res = baseline_run(args.baseline_python, args.baseline_tree or ".",
-                                   args.processes, args.jobs, args.lanes)
+                                   args.processes, args.jobs, args.lanes, args.scripts_only)
+            elif args.scripts_only:
+                res = scripts_run(mode, args.jobs, args.lanes)
             else:
                 res = one_run(mode, args.processes, args.jobs, args.lanes, timeout)
             raw[mode].append(res)
@@ -205,9 +237,11 @@ def main(argv: list[str] | None = None) -> int:
                          f"{(rate['median'] / ref_rate - 1) * 100:+.1f}%" if ref_rate else "",
                          bl.fmt_range(cpu, "{:.1f}"),
                          f"{(cpu['median'] / ref_cpu - 1) * 100:+.1f}%" if ref_cpu else ""])
+        how = ("one client claiming 16 and settling them (scripts only)" if args.scripts_only
+               else f"supervisor ×{args.processes}")
         bl.print_table(
-            f"Flow control: {args.jobs:,} no-op jobs over {args.lanes} lanes, supervisor "
-            f"×{args.processes}, median (min–max) of {args.runs} run(s)",
+            f"Flow control: {args.jobs:,} no-op jobs over {args.lanes} lanes, {how}, "
+            f"median (min–max) of {args.runs} run(s)",
             ["mode", "jobs/s", f"vs {ref}", "server CPU us/job", f"vs {ref}"], rows)
     mem = memory(args.mem_lanes) if args.mem_lanes else {}
     if mem:

@@ -37,9 +37,10 @@ def record_lane_limit(client: redis.Redis, keys: Keys, max_active: int) -> None:
     """Record the queue's default max_active per lane (``QueueSettings.lane_limit``,
     ``--lane-limit``), keeping a default rate recorded before; nothing when unchanged."""
     raw = client.hget(keys.limits, "*")
-    old = (raw.decode() if isinstance(raw, bytes) else raw or "- - -").split()
-    value = " ".join([str(max_active), *(old[1:3] + ["-", "-"])[:2]])
-    if value != (raw.decode() if isinstance(raw, bytes) else raw):
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    rate = (text or "").split()[1:3]
+    value = " ".join([str(max_active), *rate]) if rate else str(max_active)
+    if value != text:
         scripts.set_limit(client, keys, "*", value)
 
 

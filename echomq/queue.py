@@ -528,7 +528,7 @@ def _priority(priority: Any) -> str:
 
 def limit_value(max_active: int | None, rate: int | None, per_s: float | None) -> str:
     """Lane limits as the limit script stores them: "max_active rate per_ms", "-" for a
-    part not set; "" when none is set."""
+    part not set, or "max_active" alone; "" when none is set."""
     for what, v in (("max_active", max_active), ("rate", rate)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{what} must be an integer >= 1 or None, got {v!r}")
@@ -544,6 +544,8 @@ def limit_value(max_active: int | None, rate: int | None, per_s: float | None) -
         per_ms = round(window * 1000)
     if max_active is None and rate is None:
         return ""
+    if rate is None:
+        return str(max_active)  # the common case: the claim reads it with one tonumber
     return " ".join("-" if v is None else str(v) for v in (max_active, rate, per_ms))
 
 

@@ -35,6 +35,7 @@
     KEYS[5] stats     counters (field "waiting": ids on the lanes)
     KEYS[6] paused    string, present while the queue is paused
     KEYS[7] limits    hash: lane (or "*", the default) -> "max_active rate per_ms"
+                      ('-' for a part not set) or "max_active" alone
     KEYS[8] prios     zset of priority levels above 0 in use
     KEYS[9] active    hash: lane -> counted active jobs
     KEYS[10] blocked  set of "<p>|<lane>" taken off ring <p> at a limit
@@ -135,6 +136,8 @@ else
   end
   local function parse(text)
     if not text then return {} end
+    local max = tonumber(text)
+    if max then return { max = max } end  -- "max_active" alone
     local v, i = {}, 0
     for word in string.gmatch(text, '%S+') do
       i = i + 1
@@ -144,13 +147,15 @@ else
   end
   local limited = redis.call('EXISTS', KEYS[7]) == 1
   local cache = {}
+  local default = nil
   local function limit_of(lane)
     local l = cache[lane]
     if l == nil then
       l = {}
       if limited then
         local f = redis.call('HMGET', KEYS[7], lane, '*')
-        local own, default = parse(f[1]), parse(f[2])
+        local own = parse(f[1])
+        if default == nil then default = parse(f[2]) end
         l.max = own.max or default.max
         if own.rate then l.rate, l.per = own.rate, own.per
         elseif default.rate then l.rate, l.per = default.rate, default.per end

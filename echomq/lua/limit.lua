@@ -1,7 +1,8 @@
 --[[
   limit: set or clear one lane's flow limits (or the queue default, lane "*").
 
-  The value is "max_active rate per_ms", "-" for a part not set; an empty
+  The value is "max_active rate per_ms", "-" for a part not set, or
+  "max_active" alone; an empty
   value clears the entry (the lane falls back to the default; the limits hash
   gone means claims take the plain path again). The lane (for "*": every lane)
   is then put back on every ring a claim took it off (blocked set
