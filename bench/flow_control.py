@@ -85,6 +85,7 @@ def scripts_run(mode: str, jobs: int, lanes: int) -> dict[str, float]:
         q = echomq.Queue(bl.unique_queue("flow"), redis_url=server.url)
         prepare(q, mode, jobs, lanes)
         claimer = Lanes(q.redis, q.keys, q.settings)
+        r.config_resetstat()
         cpu0 = server_cpu(r)
         t0 = time.perf_counter()
         done = 0
@@ -97,7 +98,11 @@ def scripts_run(mode: str, jobs: int, lanes: int) -> dict[str, float]:
         cpu = server_cpu(r) - cpu0
         if done != jobs:
             raise RuntimeError(f"{mode}: claimed {done} of {jobs}")
-        return {"rate": jobs / elapsed, "server_cpu_us": cpu / jobs * 1e6}
+        # commands the scripts ran (INFO commandstats counts them): exact, unlike times
+        inner = sum(n for name, n in bl.commandstats(r).items()
+                    if name not in ("evalsha", "info", "config|resetstat"))
+        return {"rate": jobs / elapsed, "server_cpu_us": cpu / jobs * 1e6,
+                "commands": inner / jobs}
 
 
 def one_run(mode: str, processes: int, jobs: int, lanes: int, timeout: float
@@ -237,12 +242,15 @@ def main(argv: list[str] | None = None) -> int:
                          f"{(rate['median'] / ref_rate - 1) * 100:+.1f}%" if ref_rate else "",
                          bl.fmt_range(cpu, "{:.1f}"),
                          f"{(cpu['median'] / ref_cpu - 1) * 100:+.1f}%" if ref_cpu else ""])
+            if args.scripts_only:
+                rows[-1].append(f"{values[0]['commands']:.2f}")
         how = ("one client claiming 16 and settling them (scripts only)" if args.scripts_only
                else f"supervisor ×{args.processes}")
         bl.print_table(
             f"Flow control: {args.jobs:,} no-op jobs over {args.lanes} lanes, {how}, "
             f"median (min–max) of {args.runs} run(s)",
-            ["mode", "jobs/s", f"vs {ref}", "server CPU us/job", f"vs {ref}"], rows)
+            ["mode", "jobs/s", f"vs {ref}", "server CPU us/job", f"vs {ref}",
+             *(["commands/job"] if args.scripts_only else [])], rows)
     mem = memory(args.mem_lanes) if args.mem_lanes else {}
     if mem:
         bl.print_table(f"Server memory per lane ({args.mem_lanes:,} lanes)",

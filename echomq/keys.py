@@ -71,7 +71,8 @@ class Keys:
         self.cancelled = p + "cancelled"
         # flow control (docs/flow-control.md): absent until a queue uses it
         self.limits = p + "limits"  # lane -> "max_active rate per_ms" ('-' unset); '*' default
-        self.active = p + "active"  # lane -> active jobs counted against its max_active
+        # lane -> active jobs counted against its max_active (+10**9 while blocked at it)
+        self.active = p + "active"
         self.blocked = p + "blocked"  # "<priority>|<lane>": lanes taken off a ring at a limit
         self.lanewake = p + "lanewake"  # rate-limited lanes by the time their window opens
         self.prios = p + "prios"  # priority levels above 0 in use

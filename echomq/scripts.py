@@ -99,7 +99,7 @@ CANCEL = LuaScript("cancel", 7)
 JOBS = LuaScript("jobs", 4)
 PURGE = LuaScript("purge", 1)
 SURVEY = LuaScript("survey", 1)
-LIMIT = LuaScript("limit", 5)
+LIMIT = LuaScript("limit", 6)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
        RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY, LIMIT)
 
@@ -321,7 +321,7 @@ def purge(client: redis.Redis, k: Keys, state: str, limit: int) -> tuple[int, in
 def set_limit(client: redis.Redis, k: Keys, lane: str, value: str) -> int:
     """Set (or clear, with "") a lane's flow limits, "*" the queue default; put the lane
     (every lane for "*") back on the rings a limit took it off. Returns how many entries."""
-    return int(LIMIT(client, [k.limits, k.blocked, k.lanewake, k.ring, k.wake],
+    return int(LIMIT(client, [k.limits, k.blocked, k.lanewake, k.ring, k.wake, k.active],
                      [k.prefix, lane, value]))
 
 

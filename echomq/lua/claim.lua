@@ -23,8 +23,8 @@
   earliest wake, so a parked metronome re-computes its wait). Lanes taken off
   do not count as turns; after 1000 in one call the claim stops and rings when
   lanes remain, so the next claim goes on. A job claimed
-  from a lane with a max_active is counted in the active hash and marked
-  "held" 1 (0 when the queue has limits but not for its lane); a start of a
+  from a lane with a max_active is counted in the active hash (plus 10^9
+  while the lane is blocked at its limit) and marked "held" 1 (0 when the queue has limits but not for its lane); a start of a
   rate-limited lane is logged in "starts:<lane>" (expiring with its window).
 
   Input:
@@ -37,7 +37,7 @@
     KEYS[7] limits    hash: lane (or "*", the default) -> "max_active rate per_ms"
                       ('-' for a part not set) or "max_active" alone
     KEYS[8] prios     zset of priority levels above 0 in use
-    KEYS[9] active    hash: lane -> counted active jobs
+    KEYS[9] active    hash: lane -> counted active jobs, + 10^9 while blocked at max_active
     KEYS[10] blocked  set of "<p>|<lane>" taken off ring <p> at a limit
     KEYS[11] lanewake zset of rate-limited lanes by the time their window opens (ms)
     KEYS[12] schedule zset of deferred job ids by due time (ms)
@@ -182,9 +182,14 @@ else
         return at
       end
     end
-    if l.max and redis.call('HINCRBY', KEYS[9], lane, 1) > l.max then
-      redis.call('HINCRBY', KEYS[9], lane, -1)
-      return 0
+    if l.max then
+      local c = redis.call('HINCRBY', KEYS[9], lane, 1)
+      if c % 1000000000 > l.max then
+        -- give the count back and flag the lane as blocked (once), so the settle that
+        -- frees a slot knows from its own HINCRBY that the lane must go back
+        redis.call('HINCRBY', KEYS[9], lane, c >= 1000000000 and -1 or 999999999)
+        return 0
+      end
     end
     return nil
   end

@@ -6,8 +6,8 @@
   value clears the entry (the lane falls back to the default; the limits hash
   gone means claims take the plain path again). The lane (for "*": every lane)
   is then put back on every ring a claim took it off (blocked set
-  "<p>|<lane>", rings "ring<p>" of levels above 0 built inside) and leaves the
-  lane wake zset, and the doorbell rings when anything came back: the next
+  "<p>|<lane>", rings "ring<p>" of levels above 0 built inside), leaves the
+  lane wake zset and loses its blocked flag in the active count, and the doorbell rings when anything came back: the next
   claim judges it by the new limits.
 
   Input:
@@ -16,6 +16,7 @@
     KEYS[3] lanewake  zset of rate-limited lanes by the time their window opens (ms)
     KEYS[4] ring      list of lanes with waiting jobs (priority 0)
     KEYS[5] wake      the doorbell list
+    KEYS[6] active    hash: lane -> counted active jobs, + 10^9 while blocked at max_active
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] lane, or "*" for the queue default
     ARGV[3] value, or "" to clear
@@ -40,12 +41,20 @@ else
   for p = 0, 9 do entries[#entries + 1] = p .. '|' .. lane end
 end
 local back = 0
+local seen = {}
 for _, entry in ipairs(entries) do
   if redis.call('SREM', KEYS[2], entry) == 1 then
     local bar = string.find(entry, '|', 1, true)
     local p = string.sub(entry, 1, bar - 1)
-    redis.call('RPUSH', p == '0' and KEYS[4] or prefix .. 'ring' .. p, string.sub(entry, bar + 1))
+    local name = string.sub(entry, bar + 1)
+    redis.call('RPUSH', p == '0' and KEYS[4] or prefix .. 'ring' .. p, name)
     back = back + 1
+    if not seen[name] then
+      seen[name] = true
+      if (tonumber(redis.call('HGET', KEYS[6], name) or '0') or 0) >= 1000000000 then
+        redis.call('HINCRBY', KEYS[6], name, -1000000000)
+      end
+    end
   end
 end
 if back > 0 then

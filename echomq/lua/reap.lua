@@ -18,7 +18,8 @@
   A job with a priority above 0 goes back onto its level's lane "lane<p>:<lane>"
   and ring "ring<p>" (built inside). A job its claim counted against its lane's
   max_active (field "held") is uncounted, and its lane, if a claim took it off
-  its rings at the limit (blocked set "<p>|<lane>"), goes back on them unless
+  its rings at the limit (the count flagged + 10^9; blocked set "<p>|<lane>"),
+  goes back on them unless
   its rate window is still closed (in the lane wake zset: promote opens it).
 
   Input:
@@ -59,8 +60,11 @@ local function ring_key(p)
 end
 -- a counted job of this lane ended: put the lane back on the rings it was taken off
 local function put_back(lane)
-  redis.call('HINCRBY', KEYS[9], lane, -1)  -- a count at 0 stays: the next claim needs it
-  if redis.call('SCARD', KEYS[10]) == 0 or redis.call('ZSCORE', KEYS[11], lane) then return end
+  -- a count at 0 stays (the next claim needs it); past 10^9 a claim flagged the lane
+  -- as blocked at its max_active
+  if redis.call('HINCRBY', KEYS[9], lane, -1) < 1000000000 then return end
+  redis.call('HINCRBY', KEYS[9], lane, -1000000000)
+  if redis.call('ZSCORE', KEYS[11], lane) then return end
   local levels = redis.call('ZRANGE', KEYS[8], 0, -1)
   levels[#levels + 1] = '0'
   for _, p in ipairs(levels) do

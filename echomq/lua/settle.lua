@@ -20,7 +20,8 @@
 
   Flow control: a job its claim counted against its lane's max_active (field
   "held") is uncounted, and its lane, if a claim took it off its rings at the
-  limit (blocked set "<p>|<lane>"), goes back on them (rings of levels above 0,
+  limit (the count flagged + 10^9; blocked set "<p>|<lane>"), goes back on
+  them (rings of levels above 0,
   "ring<p>", built inside) and the doorbell rings; a lane whose rate window is
   still closed (in the lane wake zset) is left for promote to open.
 
@@ -56,8 +57,11 @@ local rang = false
 local reopened = false
 -- a counted job of this lane ended: put the lane back on the rings it was taken off
 local function put_back(lane)
-  redis.call('HINCRBY', KEYS[12], lane, -1)  -- a count at 0 stays: the next claim needs it
-  if redis.call('SCARD', KEYS[13]) == 0 or redis.call('ZSCORE', KEYS[14], lane) then return end
+  -- a count at 0 stays (the next claim needs it); past 10^9 a claim flagged the lane
+  -- as blocked at its max_active
+  if redis.call('HINCRBY', KEYS[12], lane, -1) < 1000000000 then return end
+  redis.call('HINCRBY', KEYS[12], lane, -1000000000)
+  if redis.call('ZSCORE', KEYS[14], lane) then return end
   local levels = redis.call('ZRANGE', KEYS[11], 0, -1)
   levels[#levels + 1] = '0'
   for _, p in ipairs(levels) do

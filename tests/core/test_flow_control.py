@@ -34,7 +34,7 @@ def _blocked_queue(q: echomq.Queue, r: redis.Redis, limit: int = 2) -> tuple[Lan
     assert sorted(c.lane for c in claimed) == ["a"] * limit + ["b"] * 3
     assert _ring(r, q.keys.ring) == []  # b ran dry; a left the ring at its limit
     assert r.smembers(q.keys.blocked) == {b"0|a"}
-    assert r.hget(q.keys.active, "a") == str(limit).encode()
+    assert int(r.hget(q.keys.active, "a")) == 10**9 + limit  # the count, flagged blocked
     assert lanes.claim(10) == []  # a blocked lane costs claims nothing
     r.delete(q.keys.wake)
     return lanes, [c for c in claimed if c.lane == "a"]
@@ -133,6 +133,7 @@ def test_clearing_a_limit_puts_the_lane_back_at_once(redis_url: str, queue_name:
     lanes, _ = _blocked_queue(q, r)
     q.set_lane_limit("a")
     assert r.exists(q.keys.limits) == 0 and _ring(r, q.keys.ring) == ["a"]
+    assert r.hget(q.keys.active, "a") == b"2"  # still counted, no longer flagged blocked
     assert r.lrange(q.keys.wake, 0, -1) == [b"1"]
     assert len(lanes.claim(10)) == 3
 
@@ -340,3 +341,21 @@ def test_a_consumer_records_its_queue_default_lane_limit(redis_url: str,
                     lane_limit=2).run(burst=True)
     assert q.lane_limits()["*"] == {"max_active": 2, "rate": 5, "per_s": 2.0}  # rate kept
     assert q.counts()["completed"] == 3
+
+
+def test_a_lane_blocked_at_two_priorities_goes_back_on_both_rings(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.set_lane_limit("a", max_active=1)
+    q.add_many([("x", i, {"lane": "a", "priority": p}) for i, p in enumerate((5, 5, 0))])
+    q.add("x", "other", lane="b", priority=5)
+    lanes = _lanes(q)
+    first = lanes.claim(1)  # a's first priority-5 job: a is at its limit
+    rest = lanes.claim(10)  # meets a on ring 5 and on ring 0: off both; b runs
+    assert [c.lane for c in first + rest] == ["a", "b"]
+    assert r.smembers(q.keys.blocked) == {b"5|a", b"0|a"}
+    assert lanes.settle([Outcome(first[0].id, first[0].token, "c")]) == [Settled.COMPLETED]
+    assert _ring(r, q.keys.ring_of(5)) == ["a"] and _ring(r, q.keys.ring) == ["a"]
+    assert r.smembers(q.keys.blocked) == set() and r.hget(q.keys.active, "a") == b"0"
+    [again] = lanes.claim(10)
+    assert again.payload_text == "1"  # the priority-5 job first
