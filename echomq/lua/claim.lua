@@ -109,7 +109,8 @@ local function take(id, lane, held)
   return jk, token
 end
 
-if redis.call('EXISTS', KEYS[7], KEYS[8]) == 0 then
+local flow = redis.call('EXISTS', KEYS[7], KEYS[8])  -- limits, priorities: 0 when unused
+if flow == 0 then
   while claimed < count and turns < count * 4 do
     turns = turns + 1
     local lane = redis.call('LMOVE', KEYS[1], KEYS[1], 'LEFT', 'RIGHT')
@@ -145,7 +146,7 @@ else
     end
     return { max = v[1], rate = v[2], per = v[3] }
   end
-  local limited = redis.call('EXISTS', KEYS[7]) == 1
+  local limited = flow == 2 or #levels == 1  -- no priority levels: the limits hash exists
   local cache = {}
   local default = nil
   local function limit_of(lane)
