@@ -147,10 +147,11 @@ class Queue:
         backoff: Backoff | float | None = None,
         timeout: float | None = None,
         dedup_s: float | None = None,
+        priority: int = 0,
     ) -> str:
         """Admit one job and return its id; see :meth:`echomq.Queue.add`."""
         spec = self._plan._spec(name, payload, lane, delay, run_at, job_id, max_attempts,
-                                backoff, timeout, dedup_s)
+                                backoff, timeout, dedup_s, priority)
         sync = await self._floor_sync([spec])
         done = asyncio.get_running_loop().create_future()
         self._pending.append((spec, sync, done))

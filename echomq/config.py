@@ -26,6 +26,9 @@ class QueueSettings:
     ``marker``, see echomq.wake). ``concurrency`` is how many jobs a consumer runs at
     once (coroutines for async handlers, threads for sync ones); ``job_timeout`` the
     default per-job limit in seconds (a job's own ``timeout`` overrides it).
+    ``lane_limit`` is the queue's default max_active per lane, recorded on the server by
+    a consumer or supervisor that starts with it (None leaves the recorded default as it
+    is; see ``Queue.set_lane_limit``).
     """
 
     max_payload_bytes: int = 512 * 1024
@@ -45,6 +48,7 @@ class QueueSettings:
     doorbell: str = "list"
     concurrency: int = 1
     job_timeout: float | None = None
+    lane_limit: int | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -67,6 +71,10 @@ class QueueSettings:
              "concurrency must be an integer from 1 to 10000"),
             (self.job_timeout is None or 0 < self.job_timeout < float("inf"),
              "job_timeout must be a number of seconds > 0 or None"),
+            (self.lane_limit is None or (isinstance(self.lane_limit, int)
+                                         and not isinstance(self.lane_limit, bool)
+                                         and self.lane_limit >= 1),
+             "lane_limit must be an integer >= 1 or None"),
             (self.durability is None or self.durability in DURABILITIES,
              f"durability must be one of {', '.join(DURABILITIES)}"),
             (self.doorbell in DOORBELLS, f"doorbell must be one of {', '.join(DOORBELLS)}"),

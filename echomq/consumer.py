@@ -32,7 +32,7 @@ from echomq.config import QueueSettings
 from echomq.connection import UNAVAILABLE_ERRORS
 from echomq.drain import Drain
 from echomq.job import Claimed
-from echomq.lanes import Lanes, Outcome
+from echomq.lanes import Lanes, Outcome, record_lane_limit
 from echomq.queue import Queue
 from echomq.runner import HandlerLike, Runner
 from echomq.scripts import Settled
@@ -134,6 +134,9 @@ class Consumer:
                         scripts.load_all(self.queue.redis, keys.prefix)
                     if not claimed_bell:  # refuses (DoorbellMismatch) a queue of the other kind
                         claim_doorbell(self.queue.redis, keys, doorbell.kind)
+                        if self.queue.settings.lane_limit is not None:
+                            record_lane_limit(self.queue.redis, keys,
+                                              self.queue.settings.lane_limit)
                         claimed_bell = True
                     now = time.monotonic()
                     if now >= next_reap:

@@ -32,6 +32,7 @@ class Job:
     ``timeout`` is the job's own time limit in seconds (None: the consumer's default).
     ``progress``: read from ``Queue.get``, the last value the handler reported; inside a
     handler, ``job.progress(value)`` reports one (JSON, small) and extends the lease.
+    ``priority``: 0 to 9, higher first (read from ``Queue.get``; 0 inside a handler).
     """
 
     id: str
@@ -54,6 +55,7 @@ class Job:
     trace: str = field(default="", repr=False)  # the producer's W3C traceparent, if any
     timeout: float | None = None
     progress: Any = None
+    priority: int = 0
 
     def bind_progress(self, report: Any) -> None:
         """Inside a handler: ``job.progress(value)`` calls ``report(value)``."""
@@ -109,6 +111,7 @@ class Job:
             trace=h.get("trace") or "",
             timeout=timeout_seconds(h.get("timeout_ms")),
             progress=progress,
+            priority=_int(h.get("priority")),
         )
 
 

@@ -43,7 +43,8 @@ class Keys:
     __slots__ = (
         "queue", "prefix", "ring", "leases", "schedule", "wake", "dead", "completed",
         "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence", "acks", "spilled",
-        "marker", "paused", "cancelled", "crons", "cronlast",
+        "marker", "paused", "cancelled", "crons", "cronlast", "limits", "active", "blocked",
+        "lanewake", "prios",
     )
 
     def __init__(self, queue: str) -> None:
@@ -71,14 +72,31 @@ class Keys:
         self.cancelled = p + "cancelled"
         self.crons = p + "crons"  # cron key -> spec (JSON)
         self.cronlast = p + "cronlast"  # cron key -> due ms of its last admitted occurrence
+        # flow control (docs/flow-control.md): absent until a queue uses it
+        self.limits = p + "limits"  # lane -> "max_active rate per_ms" ('-' unset); '*' default
+        # lane -> active jobs counted against its max_active (+10**9 while blocked at it)
+        self.active = p + "active"
+        self.blocked = p + "blocked"  # "<priority>|<lane>": lanes taken off a ring at a limit
+        self.lanewake = p + "lanewake"  # rate-limited lanes by the time their window opens
+        self.prios = p + "prios"  # priority levels above 0 in use
+
+    def ring_of(self, priority: int = 0) -> str:
+        """The ring of one priority level (level 0 is the plain ring)."""
+        return self.ring if priority == 0 else f"{self.prefix}ring{priority}"
 
     def job(self, job_id: str) -> str:
         """The hash key of one job."""
         return f"{self.prefix}job:{job_id}"
 
-    def lane(self, lane: str) -> str:
-        """The list key of one lane's waiting jobs."""
-        return f"{self.prefix}lane:{lane}"
+    def lane(self, lane: str, priority: int = 0) -> str:
+        """A lane's list of waiting ids at one priority level (0: ``lane:<lane>``)."""
+        if priority == 0:
+            return f"{self.prefix}lane:{lane}"
+        return f"{self.prefix}lane{priority}:{lane}"
+
+    def starts(self, lane: str) -> str:
+        """A rate-limited lane's recent starts (zset, ms) within its window."""
+        return f"{self.prefix}starts:{lane}"
 
     def done(self, job_id: str) -> str:
         """The result doorbell of one job (rung by settle when a waiter marked the job)."""

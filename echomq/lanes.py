@@ -34,6 +34,17 @@ class Outcome:
         return [self.job_id, self.token, self.outcome, safe_text(self.text), self.retry_ms]
 
 
+def record_lane_limit(client: redis.Redis, keys: Keys, max_active: int) -> None:
+    """Record the queue's default max_active per lane (``QueueSettings.lane_limit``,
+    ``--lane-limit``), keeping a default rate recorded before; nothing when unchanged."""
+    raw = client.hget(keys.limits, "*")
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    rate = (text or "").split()[1:3]
+    value = " ".join([str(max_active), *rate]) if rate else str(max_active)
+    if value != text:
+        scripts.set_limit(client, keys, "*", value)
+
+
 def safe_text(text: str) -> bytes:
     """UTF-8 bytes of a handler's error or result; a lone surrogate (a file name decoded
     with surrogateescape) becomes a ``\\udcXX`` escape instead of failing the settle."""

@@ -103,15 +103,17 @@ class Queue:
         backoff: Backoff | float | None = None,
         timeout: float | None = None,
         dedup_s: float | None = None,
+        priority: int = 0,
     ) -> str:
         """Admit one job and return its id (the same id again for a repeated ``job_id``).
 
         ``timeout``: the job's time limit in seconds (overrides the consumer's job_timeout).
         ``dedup_s``: the id stays reserved that long after the job completes, whatever the
-        completed retention.
+        completed retention. ``priority``: 0 to 9, higher first across the queue (lanes
+        stay round-robin within one priority); ValueError otherwise, nothing admitted.
         """
         spec = self._spec(name, payload, lane, delay, run_at, job_id, max_attempts, backoff,
-                          timeout, dedup_s)
+                          timeout, dedup_s, priority)
         sync = self._must_sync([spec])
         [(script, keys, args)] = self._calls([spec])
         with translated(self.where):
@@ -151,13 +153,14 @@ class Queue:
                 payload = item[1] if len(item) > 1 else None
                 opts = dict(item[2]) if len(item) > 2 else {}
             unknown = set(opts) - {"lane", "delay", "run_at", "job_id", "max_attempts", "backoff",
-                                   "timeout", "dedup_s"}
+                                   "timeout", "dedup_s", "priority"}
             if unknown:
                 raise ValueError(f"unknown job option(s): {', '.join(sorted(unknown))}")
             specs.append(self._spec(name, payload, opts.get("lane"), opts.get("delay"),
                                     opts.get("run_at"), opts.get("job_id"),
                                     opts.get("max_attempts"), opts.get("backoff"),
-                                    opts.get("timeout"), opts.get("dedup_s")))
+                                    opts.get("timeout"), opts.get("dedup_s"),
+                                    opts.get("priority", 0)))
         return specs
 
     def specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
@@ -252,7 +255,8 @@ class Queue:
     def _spec(self, name: Any, payload: Any, lane: str | None, delay: float | None,
               run_at: datetime | None, job_id: str | None, max_attempts: int | None,
               backoff: Backoff | float | None, timeout: float | None = None,
-              dedup_s: float | None = None) -> tuple[str, list[Any], int | None]:
+              dedup_s: float | None = None, priority: int = 0
+              ) -> tuple[str, list[Any], int | None]:
         """Validate one job: (id, admit args without the due, due arg or None)."""
         if not isinstance(name, str) or not name or len(name) > 255:
             raise InvalidName(f"invalid job name {name!r}: a non-empty string of at most 255 chars")
@@ -266,7 +270,7 @@ class Queue:
         due = self._due(delay, run_at)
         args = [job_id, name, encoded, lane, attempts, self.settings.max_stalls,
                 coerced.encode() if coerced else "", _timeout_ms(timeout), _dedup_ms(dedup_s),
-                current_traceparent()]
+                current_traceparent(), _priority(priority)]
         return job_id, args, due
 
     def _due(self, delay: float | None, run_at: datetime | None) -> int | None:
@@ -429,7 +433,7 @@ class Queue:
             raise ValueError(f"unknown state {state!r}: use one of {', '.join(STATES)}")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise ValueError(f"limit must be an integer from 1 to 10000, got {limit!r}")
-        if cursor and not re.fullmatch(r"\d+(:\d+)?", cursor):
+        if cursor and not re.fullmatch(r"\d+(:\d+){0,2}", cursor):
             raise ValueError(f"invalid cursor {cursor!r}")
         with translated(self.where):
             nxt, flat = scripts.jobs(self.redis, self.keys, state, cursor, limit)
@@ -538,6 +542,45 @@ class Queue:
             specs, lasts = pipe.execute()
         return cron.parse_listing(specs, lasts)
 
+    def set_lane_limit(self, lane: str, max_active: int | None = None, rate: int | None = None,
+                       per_s: float | None = None) -> None:
+        """Limit one lane (``"*"``: the queue default for every lane without its own).
+
+        Args:
+            lane: a lane name, or ``"*"`` for the default.
+            max_active: at most this many of the lane's jobs active at once (1: each job
+                starts only after the one before it settled, strict lane order).
+            rate: at most this many starts per ``per_s`` seconds (default 1 s).
+            per_s: the rate window in seconds (from 0.001 to one day).
+
+        All None clears the lane's own limits (the default applies again). A lane at its
+        limit leaves the ring until one of its jobs ends or its rate window opens.
+
+        Raises:
+            InvalidName: a lane name that is not valid.
+            ValueError: a limit that is not a positive integer, or a window out of range.
+        """
+        value = limit_value(max_active, rate, per_s)
+        if lane != "*":
+            validate_name(lane, "lane name")
+        with translated(self.where):
+            self.register()
+            scripts.set_limit(self.redis, self.keys, lane, value)
+
+    def lane_limits(self) -> dict[str, dict[str, Any]]:
+        """Every recorded lane limit (``"*"``: the default) as
+        ``{lane: {"max_active", "rate", "per_s"}}``, None for a part not set."""
+        with translated(self.where):
+            raw = self.redis.hgetall(self.keys.limits)
+        out: dict[str, dict[str, Any]] = {}
+        for field, value in raw.items():
+            name = field.decode() if isinstance(field, bytes) else field
+            text = value.decode() if isinstance(value, bytes) else value
+            parts = [None if p == "-" else int(p) for p in text.split()] + [None] * 3
+            out[name] = {"max_active": parts[0], "rate": parts[1],
+                         "per_s": parts[2] / 1000 if parts[2] is not None else None}
+        return out
+
     @staticmethod
     def registered(client: redis.Redis) -> list[str]:
         """Names of the queues producers or supervisors have used on this server."""
@@ -564,6 +607,36 @@ def has_deferred(specs: Sequence[tuple[str, list[Any], int | None]]) -> bool:
 def deferred_ids(specs: Sequence[tuple[str, list[Any], int | None]]) -> list[str]:
     """The ids of the deferred jobs among these validated ones (those the floor takes)."""
     return [s[0] for s in specs if s[2] is not None]
+
+
+def _priority(priority: Any) -> str:
+    """A job's priority as the scripts take it: "0" to "9"."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise ValueError(f"priority must be an integer from 0 to 9, got {priority!r}")
+    return str(priority)
+
+
+def limit_value(max_active: int | None, rate: int | None, per_s: float | None) -> str:
+    """Lane limits as the limit script stores them: "max_active rate per_ms", "-" for a
+    part not set, or "max_active" alone; "" when none is set."""
+    for what, v in (("max_active", max_active), ("rate", rate)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{what} must be an integer >= 1 or None, got {v!r}")
+    if per_s is not None and rate is None:
+        raise ValueError("per_s needs a rate")
+    per_ms = None
+    if rate is not None:
+        window = 1.0 if per_s is None else per_s
+        if isinstance(window, bool) or not isinstance(window, (int, float)) or not (
+                math.isfinite(window) and 0.001 <= window <= 86_400):
+            raise ValueError(f"per_s must be a number of seconds from 0.001 to 86400, "
+                             f"got {per_s!r}")
+        per_ms = round(window * 1000)
+    if max_active is None and rate is None:
+        return ""
+    if rate is None:
+        return str(max_active)  # the common case: the claim reads it with one tonumber
+    return " ".join("-" if v is None else str(v) for v in (max_active, rate, per_ms))
 
 
 def _timeout_ms(timeout: float | None) -> str:

@@ -77,15 +77,15 @@ class LuaScript:
         pipe.evalsha(self.sha, self.num_keys, *keys, *args)
 
 
-ADMIT = LuaScript("admit", 5)
+ADMIT = LuaScript("admit", 6)
 SCHEDULE = LuaScript("schedule", 5)
-CLAIM = LuaScript("claim", 6)
-SETTLE = LuaScript("settle", 9)
+CLAIM = LuaScript("claim", 12)
+SETTLE = LuaScript("settle", 14)
 EXTEND = LuaScript("extend", 1)
-REAP = LuaScript("reap", 7)
-PROMOTE = LuaScript("promote", 4)
-COUNTS = LuaScript("counts", 8)
-RETRY_DEAD = LuaScript("retry_dead", 4)
+REAP = LuaScript("reap", 11)
+PROMOTE = LuaScript("promote", 7)
+COUNTS = LuaScript("counts", 10)
+RETRY_DEAD = LuaScript("retry_dead", 5)
 LEAD = LuaScript("lead", 6)
 SPILL = LuaScript("spill", 2)
 RESTORE = LuaScript("restore", 3)
@@ -94,18 +94,19 @@ TRIM_DEAD = LuaScript("trim_dead", 2)
 AWAIT = LuaScript("await", 2)
 PROGRESS = LuaScript("progress", 1)
 PAUSE = LuaScript("pause", 1)
-RESUME = LuaScript("resume", 3)
-CANCEL = LuaScript("cancel", 7)
-JOBS = LuaScript("jobs", 2)
+RESUME = LuaScript("resume", 4)
+CANCEL = LuaScript("cancel", 8)
+JOBS = LuaScript("jobs", 4)
 PURGE = LuaScript("purge", 1)
 SURVEY = LuaScript("survey", 1)
+LIMIT = LuaScript("limit", 6)
 BACKFILL = LuaScript("backfill", 1)
 CRON_SET = LuaScript("cron_set", 3)
 CRON_REMOVE = LuaScript("cron_remove", 3)
 CRON_FIRE = LuaScript("cron_fire", 7)
 CRON_RESTORE = LuaScript("cron_restore", 3)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
-       RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY,
+       RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY, LIMIT,
        BACKFILL, CRON_SET, CRON_REMOVE, CRON_FIRE, CRON_RESTORE)
 
 
@@ -182,7 +183,7 @@ def _settle(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
 
 def admit_keys(k: Keys) -> list[str]:
     """KEYS of admit.lua, in its header's order."""
-    return [k.ring, k.wake, k.spilled, k.stats, k.paused]
+    return [k.ring, k.wake, k.spilled, k.stats, k.paused, k.prios]
 
 
 def schedule_keys(k: Keys) -> list[str]:
@@ -192,23 +193,31 @@ def schedule_keys(k: Keys) -> list[str]:
 
 def claim_keys(k: Keys) -> list[str]:
     """KEYS of claim.lua, in its header's order."""
-    return [k.ring, k.leases, k.tokens, k.wake, k.stats, k.paused]
+    return [k.ring, k.leases, k.tokens, k.wake, k.stats, k.paused, k.limits, k.prios, k.active,
+            k.blocked, k.lanewake, k.schedule]
 
 
 def settle_keys(k: Keys) -> list[str]:
     """KEYS of settle.lua, in its header's order."""
-    return [k.leases, k.schedule, k.dead, k.completed, k.wake, k.stats, k.meta, k.fold, k.closed]
+    return [k.leases, k.schedule, k.dead, k.completed, k.wake, k.stats, k.meta, k.fold, k.closed,
+            k.ring, k.prios, k.active, k.blocked, k.lanewake]
 
 
 def reap_keys(k: Keys) -> list[str]:
     """KEYS of reap.lua, in its header's order."""
-    return [k.leases, k.ring, k.wake, k.dead, k.stats, k.meta, k.closed]
+    return [k.leases, k.ring, k.wake, k.dead, k.stats, k.meta, k.closed, k.prios, k.active,
+            k.blocked, k.lanewake]
+
+
+def promote_keys(k: Keys) -> list[str]:
+    """KEYS of promote.lua, in its header's order."""
+    return [k.schedule, k.ring, k.wake, k.stats, k.prios, k.lanewake, k.blocked]
 
 
 def promote(client: redis.Redis, k: Keys, batch: int) -> tuple[int, int, int]:
-    """Promote due jobs: (promoted, next due ms or -1, server now ms)."""
-    promoted, next_due, now = PROMOTE(client, [k.schedule, k.ring, k.wake, k.stats],
-                                       [k.prefix, batch])
+    """Promote due jobs and open rate-limited lanes whose window opened: (promoted jobs and
+    opened lanes, next due ms or -1 (the schedule's or a lane window's), server now ms)."""
+    promoted, next_due, now = PROMOTE(client, promote_keys(k), [k.prefix, batch])
     return int(promoted), int(next_due), int(now)
 
 
@@ -267,7 +276,8 @@ def trim_dead(client: redis.Redis, k: Keys, keep_count: int, keep_age_ms: int,
 
 def counts_keys(k: Keys) -> list[str]:
     """KEYS of the counts script (shared with the asyncio Queue)."""
-    return [k.ring, k.schedule, k.leases, k.dead, k.stats, k.spilled, k.cancelled, k.paused]
+    return [k.ring, k.schedule, k.leases, k.dead, k.stats, k.spilled, k.cancelled, k.paused,
+            k.prios, k.blocked]
 
 
 def counts_args(k: Keys, *, fast: bool = False) -> list[str]:
@@ -289,7 +299,8 @@ def await_keys(k: Keys, job_id: str) -> list[str]:
 
 def retry_dead(client: redis.Redis, k: Keys, ids: Sequence[str], limit: int) -> int:
     """Move the named dead jobs (or up to ``limit`` of them) back to waiting; how many moved."""
-    return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake, k.stats], [k.prefix, limit, *ids]))
+    return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake, k.stats, k.prios],
+                          [k.prefix, limit, *ids]))
 
 
 # --- operations: pause, cancel, listing, purging ---------------------------------
@@ -301,7 +312,7 @@ def pause(client: redis.Redis, k: Keys) -> bool:
 
 def resume(client: redis.Redis, k: Keys) -> bool:
     """Resume the queue (ringing when jobs wait); False when it was not paused."""
-    return bool(RESUME(client, [k.paused, k.ring, k.wake], [k.prefix]))
+    return bool(RESUME(client, [k.paused, k.ring, k.wake, k.prios], [k.prefix]))
 
 
 def cancel(client: redis.Redis, k: Keys, job_id: str) -> Cancelled:
@@ -311,7 +322,7 @@ def cancel(client: redis.Redis, k: Keys, job_id: str) -> Cancelled:
 
 def cancel_keys(k: Keys) -> list[str]:
     """KEYS of cancel.lua (shared by the sync and the asyncio producer)."""
-    return [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats, k.spilled]
+    return [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats, k.spilled, k.blocked]
 
 
 def cancel_args(k: Keys, job_id: str) -> list[Arg]:
@@ -328,7 +339,8 @@ def state_source(k: Keys, state: str) -> str:
 def jobs(client: redis.Redis, k: Keys, state: str, cursor: str, limit: int
          ) -> tuple[str, list[list[bytes]]]:
     """One page of a state: (next cursor or "", the jobs' flat HGETALL arrays)."""
-    reply = JOBS(client, [k.ring, state_source(k, state)], [k.prefix, state, cursor, limit])
+    reply = JOBS(client, [k.ring, state_source(k, state), k.prios, k.blocked],
+                 [k.prefix, state, cursor, limit])
     head = reply[0]
     return (head.decode() if isinstance(head, bytes) else str(head)), list(reply[1:])
 
@@ -337,6 +349,13 @@ def purge(client: redis.Redis, k: Keys, state: str, limit: int) -> tuple[int, in
     """Delete up to ``limit`` of a finished state's oldest jobs: (purged, remaining)."""
     purged, remaining = PURGE(client, [state_source(k, state)], [k.prefix, limit])
     return int(purged), int(remaining)
+
+
+def set_limit(client: redis.Redis, k: Keys, lane: str, value: str) -> int:
+    """Set (or clear, with "") a lane's flow limits, "*" the queue default; put the lane
+    (every lane for "*") back on the rings a limit took it off. Returns how many entries."""
+    return int(LIMIT(client, [k.limits, k.blocked, k.lanewake, k.ring, k.wake, k.active],
+                     [k.prefix, lane, value]))
 
 
 def survey(client: redis.Redis, k: Keys, scan: int, top: int, heads: int

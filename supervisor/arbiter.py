@@ -33,7 +33,7 @@ from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, redact_url
 from echomq.keys import REGISTRY, Keys
-from echomq.lanes import Lanes, Outcome
+from echomq.lanes import Lanes, Outcome, record_lane_limit
 from echomq.runner import retry_ms_of, timed_out_text
 from echomq.wake import DoorbellMismatch, claim_doorbell
 
@@ -105,7 +105,8 @@ class Arbiter:
                                durability=settings.durability_of(spec),
                                keep_dead=settings.keep_dead, keep_dead_s=settings.keep_dead_s,
                                doorbell=settings.doorbell, concurrency=settings.concurrency,
-                               job_timeout=settings.job_timeout)
+                               job_timeout=settings.job_timeout,
+                               lane_limit=settings.lane_limit)
             self.queues[spec.name] = QueueRuntime(
                 spec=spec, settings=qs, handler=load_handler(spec),
                 metronome=Metronome(spec.name, self.client, qs),
@@ -185,6 +186,8 @@ class Arbiter:
         self.client.sadd(REGISTRY, rt.spec.name)  # `echomq queues` lists it
         claim_doorbell(self.client, rt.metronome.keys, rt.settings.doorbell,
                        switch=self.settings.switch_doorbell)
+        if rt.settings.lane_limit is not None:
+            record_lane_limit(self.client, rt.metronome.keys, rt.settings.lane_limit)
 
     def _loop_once(self) -> None:
         now = time.monotonic()

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"jobs in flight per consumer process {_env_help('concurrency')}")
     start.add_argument("--job-timeout", type=float,
                        help=f"default per-job time limit, seconds {_env_help('job_timeout')}")
+    start.add_argument("--lane-limit", type=int,
+                       help="default most active jobs per lane (1: strict lane order; "
+                       f"Queue.set_lane_limit sets one lane's) {_env_help('lane_limit')}")
     start.add_argument("--spill-horizon", type=float,
                        help="seconds; jobs due later live on the floor only "
                        f"{_env_help('spill_horizon')}")
@@ -192,6 +195,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_jobs=_number("max_jobs", _pick(args, "max_jobs"), int),
         concurrency=_default(_number("concurrency", _pick(args, "concurrency"), int), 1),
         job_timeout=_number("job_timeout", _pick(args, "job_timeout"), float),
+        lane_limit=_number("lane_limit", _pick(args, "lane_limit"), int),
         spill_horizon=_number("spill_horizon", _pick(args, "spill_horizon"), float)
         or DEFAULT_SPILL_HORIZON_S,
         keep_dead=_default(_number("keep_dead", _pick(args, "keep_dead"), int), 10_000),

@@ -32,6 +32,7 @@ ENV_VARS: dict[str, str] = {
     "max_jobs": "ECHOMQ_MAX_JOBS",
     "concurrency": "ECHOMQ_CONCURRENCY",
     "job_timeout": "ECHOMQ_JOB_TIMEOUT",
+    "lane_limit": "ECHOMQ_LANE_LIMIT",
     "spill_horizon": "ECHOMQ_SPILL_HORIZON",
     "keep_dead": "ECHOMQ_KEEP_DEAD",
     "keep_dead_s": "ECHOMQ_KEEP_DEAD_S",
@@ -81,6 +82,7 @@ class Settings:
     max_jobs: int | None = None
     concurrency: int = 1
     job_timeout: float | None = None
+    lane_limit: int | None = None  # the queues' default max_active per lane
     spill_horizon: float = DEFAULT_SPILL_HORIZON_S
     keep_dead: int = 10_000  # dead jobs kept per queue (their hashes hold payload and error)
     keep_dead_s: float = 30 * 24 * 3600.0
@@ -108,6 +110,8 @@ class Settings:
             raise ConfigError(f"concurrency must be from 1 to 10000, got {self.concurrency}")
         if self.job_timeout is not None and not 0 < self.job_timeout < float("inf"):
             raise ConfigError(f"job_timeout must be > 0 seconds, got {self.job_timeout}")
+        if self.lane_limit is not None and self.lane_limit < 1:
+            raise ConfigError(f"lane_limit must be >= 1, got {self.lane_limit}")
         for spec in self.queues:
             if spec.processes < 1:
                 raise ConfigError(f"queue {spec.name!r}: processes must be >= 1")

@@ -14,10 +14,12 @@
     KEYS[3] spilled  set of ids held by the floor alone
     KEYS[4] stats    counters (field "waiting": ids on the lanes)
     KEYS[5] paused   string, present while the queue is paused
+    KEYS[6] prios    zset of priority levels above 0 in use
     ARGV[1] key prefix "emq:{q}:"  (job hashes and lane lists are built from it)
     ARGV[2] n, the number of jobs
-    ARGV[3..] per job, 10 values: id, name, payload, lane, max_attempts, max_stalls, backoff,
-              timeout_ms ('' for none), dedup_ms ('' for none), trace (a W3C traceparent or '')
+    ARGV[3..] per job, 11 values: id, name, payload, lane, max_attempts, max_stalls, backoff,
+              timeout_ms ('' for none), dedup_ms ('' for none), trace (a W3C traceparent or ''),
+              priority ("0".."9")
 
   Output:
     an array of n integers: 1 admitted, 0 already existed
@@ -29,7 +31,7 @@ local n = tonumber(ARGV[2])
 local out = {}
 local admitted = false
 for i = 0, n - 1 do
-  local b = 3 + i * 10
+  local b = 3 + i * 11
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
   if redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0
@@ -43,8 +45,17 @@ for i = 0, n - 1 do
     if ARGV[b + 7] ~= '' then redis.call('HSET', jk, 'timeout_ms', ARGV[b + 7]) end
     if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'dedup_ms', ARGV[b + 8]) end
     if ARGV[b + 9] ~= '' then redis.call('HSET', jk, 'trace', ARGV[b + 9]) end
-    if redis.call('RPUSH', prefix .. 'lane:' .. lane, id) == 1 then
-      redis.call('RPUSH', KEYS[1], lane)
+    local p = ARGV[b + 10]
+    if p == '0' then
+      if redis.call('RPUSH', prefix .. 'lane:' .. lane, id) == 1 then
+        redis.call('RPUSH', KEYS[1], lane)
+      end
+    else
+      redis.call('HSET', jk, 'priority', p)
+      if redis.call('RPUSH', prefix .. 'lane' .. p .. ':' .. lane, id) == 1 then
+        redis.call('RPUSH', prefix .. 'ring' .. p, lane)
+        redis.call('ZADD', KEYS[6], p, p)
+      end
     end
     out[i + 1] = 1
     admitted = true

@@ -8,7 +8,9 @@
   the queue folds, so the scheduler drops its floor row. Active, finished and
   unknown jobs are left alone. A result waiter (the job's "waited" mark) is woken
   through the job's doorbell "done:<id>". The job hash, lane list and that
-  doorbell are built inside.
+  doorbell are built inside (a job with a priority above 0 waits on
+  "lane<p>:<lane>", its lane on "ring<p>"). A lane left empty also leaves the
+  blocked set (flow control), so it is not put back on a ring later.
 
   A scheduled job spilled to the floor (no hash, its id in the spilled set)
   leaves the spilled set, which is what fences it from a restore (restore.lua
@@ -25,6 +27,7 @@
     KEYS[5] closed     list of ids whose floor rows to close
     KEYS[6] stats      counters (field "waiting": ids on the lanes)
     KEYS[7] spilled    set of ids held by the floor alone
+    KEYS[8] blocked    set of "<p>|<lane>" taken off ring <p> at a limit
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] job id
 
@@ -36,7 +39,7 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
 local id = ARGV[2]
 local jk = prefix .. 'job:' .. id
-local f = redis.call('HMGET', jk, 'state', 'lane', 'deferred', 'waited')
+local f = redis.call('HMGET', jk, 'state', 'lane', 'deferred', 'waited', 'priority')
 local state = f[1]
 if not state then
   if redis.call('SREM', KEYS[7], id) == 0 then return 0 end
@@ -48,9 +51,18 @@ if not state then
 end
 if state == 'active' then return 2 end
 if state == 'waiting' then
+  local p = f[5] or '0'
   local lk = prefix .. 'lane:' .. f[2]
+  local rk = KEYS[2]
+  if p ~= '0' then
+    lk = prefix .. 'lane' .. p .. ':' .. f[2]
+    rk = prefix .. 'ring' .. p
+  end
   redis.call('LREM', lk, 1, id)
-  if redis.call('LLEN', lk) == 0 then redis.call('LREM', KEYS[2], 0, f[2]) end
+  if redis.call('LLEN', lk) == 0 then
+    redis.call('LREM', rk, 0, f[2])
+    redis.call('SREM', KEYS[8], p .. '|' .. f[2])
+  end
   redis.call('HINCRBY', KEYS[6], 'waiting', -1)
 elseif state == 'scheduled' then
   redis.call('ZREM', KEYS[1], id)

@@ -12,13 +12,35 @@
   exists) hands out nothing. The lane list and the job hash are built from
   the prefix inside the script.
 
+  Flow control (only when the limits hash or the priority set exists; a queue
+  using neither runs the loop above and nothing else): the rings of priority
+  levels above 0 ("ring<p>", lanes "lane<p>:<lane>", built inside) are served
+  first, highest first, each round-robin. A lane at its max_active, or whose
+  rate window is full, leaves the ring it was met on and is recorded in the
+  blocked set as "<p>|<lane>"; settle, reap and release put it back when one
+  of its counted jobs ends, and promote when its rate window opens (the lane
+  wake zset, scored by that time; the doorbell rings when it becomes the
+  earliest wake, so a parked metronome re-computes its wait). Lanes taken off
+  do not count as turns; after 1000 in one call the claim stops and rings when
+  lanes remain, so the next claim goes on. A job claimed
+  from a lane with a max_active is counted in the active hash (plus 10^9
+  while the lane is blocked at its limit) and marked "held" 1 (0 when the queue has limits but not for its lane); a start of a
+  rate-limited lane is logged in "starts:<lane>" (expiring with its window).
+
   Input:
-    KEYS[1] ring    list of lanes with waiting jobs
-    KEYS[2] leases  zset of active job ids by lease expiry (ms)
-    KEYS[3] tokens  lease token counter (kept at or past the server clock in us)
-    KEYS[4] wake    the doorbell list
-    KEYS[5] stats   counters (field "waiting": ids on the lanes)
-    KEYS[6] paused  string, present while the queue is paused
+    KEYS[1] ring      list of lanes with waiting jobs (priority 0)
+    KEYS[2] leases    zset of active job ids by lease expiry (ms)
+    KEYS[3] tokens    lease token counter (kept at or past the server clock in us)
+    KEYS[4] wake      the doorbell list
+    KEYS[5] stats     counters (field "waiting": ids on the lanes)
+    KEYS[6] paused    string, present while the queue is paused
+    KEYS[7] limits    hash: lane (or "*", the default) -> "max_active rate per_ms"
+                      ('-' for a part not set) or "max_active" alone
+    KEYS[8] prios     zset of priority levels above 0 in use
+    KEYS[9] active    hash: lane -> counted active jobs, + 10^9 while blocked at max_active
+    KEYS[10] blocked  set of "<p>|<lane>" taken off ring <p> at a limit
+    KEYS[11] lanewake zset of rate-limited lanes by the time their window opens (ms)
+    KEYS[12] schedule zset of deferred job ids by due time (ms)
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] lease_ms
     ARGV[3] count, the most jobs to claim
@@ -40,55 +62,202 @@ local claimed = 0
 local turns = 0
 local token_base = nil  -- one INCRBY reserves the tokens of the whole batch
 local popped = 0
-while claimed < count and turns < count * 4 do
-  turns = turns + 1
-  local lane = redis.call('LMOVE', KEYS[1], KEYS[1], 'LEFT', 'RIGHT')
-  if not lane then break end
-  local lk = prefix .. 'lane:' .. lane
-  local id = redis.call('LPOP', lk)
-  if redis.call('LLEN', lk) == 0 then
-    redis.call('LREM', KEYS[1], -1, lane)
+local remains = false
+local skipped_out = false
+
+-- lease one popped id; returns its job key and token, or nil when the hash is gone
+local function take(id, lane, held)
+  popped = popped + 1
+  local jk = prefix .. 'job:' .. id
+  local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
+    'backoff', 'created_ms', 'timeout_ms', 'trace')
+  if not f[1] then return nil end
+  if not token_base then
+    -- tokens never fall behind the server clock in us, so a counter that restarts
+    -- (Valkey lost its data, or came back from an older snapshot) still issues
+    -- tokens past every one issued before: a stale holder never matches a new claim
+    local now_us = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+    token_base = redis.call('INCRBY', KEYS[3], count) - count
+    if token_base < now_us then
+      token_base = now_us
+      redis.call('SET', KEYS[3], string.format('%d', now_us + count))
+    end
   end
-  if id then
-    popped = popped + 1
-    local jk = prefix .. 'job:' .. id
-    local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
-      'backoff', 'created_ms', 'timeout_ms', 'trace')
-    if f[1] then
-      if not token_base then
-        -- tokens never fall behind the server clock in us, so a counter that restarts
-        -- (Valkey lost its data, or came back from an older snapshot) still issues
-        -- tokens past every one issued before: a stale holder never matches a new claim
-        local now_us = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
-        token_base = redis.call('INCRBY', KEYS[3], count) - count
-        if token_base < now_us then
-          token_base = now_us
-          redis.call('SET', KEYS[3], string.format('%d', now_us + count))
+  local token = string.format('%d', token_base + claimed + 1)
+  local attempts = (tonumber(f[3]) or 0) + 1  -- a malformed count reads as none
+  if held then
+    redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
+      'started_ms', now, 'held', held)
+  else
+    redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
+      'started_ms', now)
+  end
+  redis.call('ZADD', KEYS[2], expiry, id)
+  local n = #out
+  out[n + 1] = id
+  out[n + 2] = token
+  out[n + 3] = f[1]
+  out[n + 4] = f[2] or ''
+  out[n + 5] = lane
+  out[n + 6] = attempts
+  out[n + 7] = f[4] or '1'
+  out[n + 8] = f[5] or ''
+  out[n + 9] = f[6] or '0'
+  out[n + 10] = f[7] or ''
+  out[n + 11] = f[8] or ''
+  claimed = claimed + 1
+  return jk, token
+end
+
+local flow = redis.call('EXISTS', KEYS[7], KEYS[8])  -- limits, priorities: 0 when unused
+if flow == 0 then
+  while claimed < count and turns < count * 4 do
+    turns = turns + 1
+    local lane = redis.call('LMOVE', KEYS[1], KEYS[1], 'LEFT', 'RIGHT')
+    if not lane then break end
+    local lk = prefix .. 'lane:' .. lane
+    local id = redis.call('LPOP', lk)
+    if redis.call('LLEN', lk) == 0 then
+      redis.call('LREM', KEYS[1], -1, lane)
+    end
+    if id then take(id, lane) end
+  end
+  remains = redis.call('LLEN', KEYS[1]) > 0
+else
+  local levels = {}
+  for _, p in ipairs(redis.call('ZREVRANGE', KEYS[8], 0, -1)) do levels[#levels + 1] = tonumber(p) end
+  levels[#levels + 1] = 0
+  local function ring_key(p)
+    if p == 0 then return KEYS[1] end
+    return prefix .. 'ring' .. p
+  end
+  local function lane_key(p, lane)
+    if p == 0 then return prefix .. 'lane:' .. lane end
+    return prefix .. 'lane' .. p .. ':' .. lane
+  end
+  local function parse(text)
+    if not text then return {} end
+    local max = tonumber(text)
+    if max then return { max = max } end  -- "max_active" alone
+    local v, i = {}, 0
+    for word in string.gmatch(text, '%S+') do
+      i = i + 1
+      v[i] = tonumber(word)  -- nil for '-', a part not set
+    end
+    return { max = v[1], rate = v[2], per = v[3] }
+  end
+  local limited = flow == 2 or #levels == 1  -- no priority levels: the limits hash exists
+  local cache = {}
+  local default = nil
+  local function limit_of(lane)
+    local l = cache[lane]
+    if l == nil then
+      l = {}
+      if limited then
+        local f = redis.call('HMGET', KEYS[7], lane, '*')
+        local own = parse(f[1])
+        if default == nil then default = parse(f[2]) end
+        l.max = own.max or default.max
+        if own.rate then l.rate, l.per = own.rate, own.per
+        elseif default.rate then l.rate, l.per = default.rate, default.per end
+      end
+      cache[lane] = l
+    end
+    return l
+  end
+  local wake_at = nil  -- the earliest rate window this claim closed
+  -- nil when the lane may start a job now (counting it in the active hash when it has a
+  -- max_active: the caller gives the count back if nothing is claimed); 0 when it is at
+  -- its max_active; else the time (ms) its rate window opens
+  local function closed_until(lane, l)
+    if l.rate then
+      local w = redis.call('ZSCORE', KEYS[11], lane)
+      if w then return tonumber(w) end  -- promote opens it (and every level's entry)
+      local sk = prefix .. 'starts:' .. lane
+      redis.call('ZREMRANGEBYSCORE', sk, '-inf', now - l.per)
+      if redis.call('ZCARD', sk) >= l.rate then
+        local oldest = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
+        local at = tonumber(oldest[2]) + l.per
+        redis.call('ZADD', KEYS[11], at, lane)
+        if wake_at == nil or at < wake_at then wake_at = at end
+        return at
+      end
+    end
+    if l.max then
+      local c = redis.call('HINCRBY', KEYS[9], lane, 1)
+      if c % 1000000000 > l.max then
+        -- give the count back and flag the lane as blocked (once), so the settle that
+        -- frees a slot knows from its own HINCRBY that the lane must go back
+        redis.call('HINCRBY', KEYS[9], lane, c >= 1000000000 and -1 or 999999999)
+        return 0
+      end
+    end
+    return nil
+  end
+  local li = 1
+  local skips = 0  -- lanes taken off at a limit: not turns, each leaves its ring
+  while claimed < count and turns < count * 4 and skips < 1000 and levels[li] do
+    local p = levels[li]
+    local rk = ring_key(p)
+    local lane = redis.call('LMOVE', rk, rk, 'LEFT', 'RIGHT')
+    if not lane then
+      if p > 0 and redis.call('SCARD', KEYS[10]) == 0 then redis.call('ZREM', KEYS[8], p) end
+      li = li + 1
+    else
+      turns = turns + 1
+      local l = limit_of(lane)
+      local at = nil
+      if l.max or l.rate then at = closed_until(lane, l) end
+      if at then
+        turns = turns - 1
+        skips = skips + 1
+        redis.call('LREM', rk, -1, lane)
+        redis.call('SADD', KEYS[10], p .. '|' .. lane)
+      else
+        local lk = lane_key(p, lane)
+        local id = redis.call('LPOP', lk)
+        if redis.call('LLEN', lk) == 0 then
+          redis.call('LREM', rk, -1, lane)
+        end
+        local jk, token = nil, nil
+        if id then jk, token = take(id, lane, limited and (l.max and '1' or '0') or nil) end
+        if not jk then
+          if l.max and redis.call('HINCRBY', KEYS[9], lane, -1) <= 0 then
+            redis.call('HDEL', KEYS[9], lane)
+          end
+        elseif l.rate then
+          local sk = prefix .. 'starts:' .. lane
+          redis.call('ZADD', sk, now, token)
+          redis.call('PEXPIRE', sk, l.per)
         end
       end
-      local token = string.format('%d', token_base + claimed + 1)
-      local attempts = (tonumber(f[3]) or 0) + 1  -- a malformed count reads as none
-      redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
-        'started_ms', now)
-      redis.call('ZADD', KEYS[2], expiry, id)
-      local n = #out
-      out[n + 1] = id
-      out[n + 2] = token
-      out[n + 3] = f[1]
-      out[n + 4] = f[2] or ''
-      out[n + 5] = lane
-      out[n + 6] = attempts
-      out[n + 7] = f[4] or '1'
-      out[n + 8] = f[5] or ''
-      out[n + 9] = f[6] or '0'
-      out[n + 10] = f[7] or ''
-      out[n + 11] = f[8] or ''
-      claimed = claimed + 1
+    end
+  end
+  skipped_out = skips >= 1000
+  for i = li, #levels do
+    if redis.call('LLEN', ring_key(levels[i])) > 0 then
+      remains = true
+      break
+    end
+  end
+  -- a window that opens before anything the metronome waits for: make it look again
+  if wake_at then
+    local head = redis.call('ZRANGE', KEYS[11], 0, 0, 'WITHSCORES')
+    local due = redis.call('ZRANGE', KEYS[12], 0, 0, 'WITHSCORES')
+    if tonumber(head[2]) >= wake_at and (not due[2] or tonumber(due[2]) > wake_at) then
+      if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+        redis.call('ZADD', ARGV[1] .. 'marker', wake_at, '1')
+      else
+        redis.call('LPUSH', KEYS[4], '1')
+        redis.call('LTRIM', KEYS[4], 0, 63)
+      end
     end
   end
 end
 if popped > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', -popped) end
-if ARGV[4] == '1' and claimed > 0 and redis.call('LLEN', KEYS[1]) > 0 then
+-- a claim that stopped at its cap of skipped lanes rings whatever it claimed, so the
+-- next claim goes on through the ring
+if (ARGV[4] == '1' and claimed > 0 or skipped_out) and remains then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
   else

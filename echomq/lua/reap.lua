@@ -15,9 +15,17 @@
   doorbell "done:<id>" when a result waiter marked it. Job hashes, lane lists
   and doorbells are built inside.
 
+  A job with a priority above 0 goes back onto its level's lane "lane<p>:<lane>"
+  and ring "ring<p>" (built inside). A job its claim counted against its lane's
+  max_active (field "held") is uncounted, and its lane, if a claim took it off
+  its rings at the limit (the count flagged + 10^9; blocked set "<p>|<lane>"),
+  goes back on them unless
+  its rate window is still closed (in the lane wake zset: promote opens it).
+
   Input:
     KEYS[1] leases  KEYS[2] ring  KEYS[3] wake  KEYS[4] dead  KEYS[5] stats
     KEYS[6] meta    KEYS[7] closed
+    KEYS[8] prios   KEYS[9] active  KEYS[10] blocked  KEYS[11] lanewake
     (stats field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] limit
@@ -45,17 +53,40 @@ else
 end
 local requeued = 0
 local buried = 0
+local reopened = false
+local function ring_key(p)
+  if p == '0' then return KEYS[2] end
+  return prefix .. 'ring' .. p
+end
+-- a counted job of this lane ended: put the lane back on the rings it was taken off
+local function put_back(lane)
+  -- a count at 0 stays (the next claim needs it); past 10^9 a claim flagged the lane
+  -- as blocked at its max_active
+  if redis.call('HINCRBY', KEYS[9], lane, -1) < 1000000000 then return end
+  redis.call('HINCRBY', KEYS[9], lane, -1000000000)
+  if redis.call('ZSCORE', KEYS[11], lane) then return end
+  local levels = redis.call('ZRANGE', KEYS[8], 0, -1)
+  levels[#levels + 1] = '0'
+  for _, p in ipairs(levels) do
+    if redis.call('SREM', KEYS[10], p .. '|' .. lane) == 1 then
+      redis.call('RPUSH', ring_key(p), lane)
+      reopened = true
+    end
+  end
+end
 for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   local jk = prefix .. 'job:' .. id
-  local f = redis.call('HMGET', jk, 'lane', 'stalls', 'max_stalls', 'deferred', 'waited')
+  local f = redis.call('HMGET', jk, 'lane', 'stalls', 'max_stalls', 'deferred', 'waited',
+    'priority', 'held')
   if f[1] then
+    local p = f[6] or '0'
     local stalls = tonumber(f[2]) or 0  -- malformed counts read as missing ones
     if mode == 'stall' then stalls = stalls + 1 end
     if mode == 'stall' and stalls > (tonumber(f[3]) or 1) then
       redis.call('HSET', jk, 'state', 'dead', 'stalls', stalls, 'finished_ms', now,
         'error', 'stalled ' .. stalls .. ' times: the lease expired or the process running it died')
-      redis.call('HDEL', jk, 'token')
+      redis.call('HDEL', jk, 'token', 'held')
       redis.call('ZADD', KEYS[4], now, id)
       redis.call('HINCRBY', KEYS[5], 'dead', 1)
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[7], id) end
@@ -67,16 +98,20 @@ for _, id in ipairs(ids) do
     else
       redis.call('HSET', jk, 'state', 'waiting', 'stalls', stalls)
       if mode == 'unstarted' then redis.call('HINCRBY', jk, 'attempts', -1) end
-      redis.call('HDEL', jk, 'token')
-      if redis.call('LPUSH', prefix .. 'lane:' .. f[1], id) == 1 then
-        redis.call('RPUSH', KEYS[2], f[1])
+      redis.call('HDEL', jk, 'token', 'held')
+      local lk = prefix .. 'lane:' .. f[1]
+      if p ~= '0' then lk = prefix .. 'lane' .. p .. ':' .. f[1] end
+      if redis.call('LPUSH', lk, id) == 1 then
+        redis.call('RPUSH', ring_key(p), f[1])
+        if p ~= '0' then redis.call('ZADD', KEYS[8], p, p) end
       end
       requeued = requeued + 1
     end
+    if f[7] == '1' then put_back(f[1]) end
   end
 end
-if requeued > 0 then
-  redis.call('HINCRBY', KEYS[5], 'waiting', requeued)
+if requeued > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', requeued) end
+if requeued > 0 or reopened then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
   else

@@ -2,12 +2,14 @@
   retry_dead: re-admit dead jobs with fresh attempts and stalls.
 
   The last error stays on the job (as "error") until it runs again. Job
-  hashes and lane lists are built inside. Rings the doorbell when anything was
+  hashes and lane lists are built inside (a job with a priority above 0 goes
+  onto "lane<p>:<lane>" and ring "ring<p>"). Rings the doorbell when anything was
   re-admitted.
 
   Input:
     KEYS[1] dead  KEYS[2] ring  KEYS[3] wake
     KEYS[4] stats counters (field "waiting": ids on the lanes; "dead" is a running total)
+    KEYS[5] prios zset of priority levels above 0 in use
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] limit (used when no ids are given: the oldest dead jobs first)
     ARGV[3..] optional job ids
@@ -26,12 +28,19 @@ local moved = 0
 for _, id in ipairs(ids) do
   if redis.call('ZREM', KEYS[1], id) == 1 then
     local jk = prefix .. 'job:' .. id
-    local lane = redis.call('HGET', jk, 'lane')
+    local f = redis.call('HMGET', jk, 'lane', 'priority')
+    local lane = f[1]
     if lane then
       redis.call('HSET', jk, 'state', 'waiting', 'attempts', 0, 'stalls', 0)
       redis.call('HDEL', jk, 'finished_ms')
-      if redis.call('RPUSH', prefix .. 'lane:' .. lane, id) == 1 then
-        redis.call('RPUSH', KEYS[2], lane)
+      local p = f[2] or '0'
+      if p == '0' then
+        if redis.call('RPUSH', prefix .. 'lane:' .. lane, id) == 1 then
+          redis.call('RPUSH', KEYS[2], lane)
+        end
+      elseif redis.call('RPUSH', prefix .. 'lane' .. p .. ':' .. lane, id) == 1 then
+        redis.call('RPUSH', prefix .. 'ring' .. p, lane)
+        redis.call('ZADD', KEYS[5], p, p)
       end
       moved = moved + 1
     end

@@ -16,10 +16,10 @@
     KEYS[5] spilled   set of ids held by the floor alone
     ARGV[1] key prefix "emq:{q}:"  (job hashes are built from it)
     ARGV[2] n, the number of jobs
-    ARGV[3..] per job, 11 values: id, name, payload, lane, max_attempts, max_stalls,
+    ARGV[3..] per job, 12 values: id, name, payload, lane, max_attempts, max_stalls,
               backoff, timeout_ms ('' for none), dedup_ms ('' for none),
-              trace (a W3C traceparent or ''),
-              due (">=0": absolute ms; "-<d>": d ms from now)
+              trace (a W3C traceparent or ''), priority ("0".."9", kept in the hash
+              for promote), due (">=0": absolute ms; "-<d>": d ms from now)
 
   Output:
     an array of n integers: 1 scheduled, 0 already existed;
@@ -34,11 +34,11 @@ local prefix = ARGV[1]
 local n = tonumber(ARGV[2])
 local max_due = 99999999999999
 for i = 0, n - 1 do
-  local raw = ARGV[3 + i * 11 + 10]
+  local raw = ARGV[3 + i * 12 + 11]
   local due = tonumber(raw)
   if not due or due ~= due or due ~= math.floor(due) or due > max_due
       or (due < 0 and exact - due > max_due) then
-    return redis.error_reply('ERR invalid due time ' .. raw .. ' for job ' .. ARGV[3 + i * 11])
+    return redis.error_reply('ERR invalid due time ' .. raw .. ' for job ' .. ARGV[3 + i * 12])
   end
 end
 -- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
@@ -48,14 +48,14 @@ local head_due = head[2] and tonumber(head[2]) or nil
 local new_head = false
 local out = {}
 for i = 0, n - 1 do
-  local b = 3 + i * 11
+  local b = 3 + i * 12
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
   if redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0
       or redis.call('SISMEMBER', KEYS[5], id) == 1 then
     out[i + 1] = 0
   else
-    local due = tonumber(ARGV[b + 10])
+    local due = tonumber(ARGV[b + 11])
     if due < 0 then due = math.ceil(exact - due) end
     redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
       'lane', ARGV[b + 3], 'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[b + 4],
@@ -64,6 +64,7 @@ for i = 0, n - 1 do
     if ARGV[b + 7] ~= '' then redis.call('HSET', jk, 'timeout_ms', ARGV[b + 7]) end
     if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'dedup_ms', ARGV[b + 8]) end
     if ARGV[b + 9] ~= '' then redis.call('HSET', jk, 'trace', ARGV[b + 9]) end
+    if ARGV[b + 10] ~= '0' then redis.call('HSET', jk, 'priority', ARGV[b + 10]) end
     redis.call('ZADD', KEYS[1], due, id)
     if fold then redis.call('RPUSH', KEYS[4], id) end
     if head_due == nil or due < head_due then

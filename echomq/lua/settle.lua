@@ -18,10 +18,18 @@
   completed job with dedup_ms reserves its id in "dedup:<id>" that long. Job hashes, doorbells
   and dedup keys are built inside.
 
+  Flow control: a job its claim counted against its lane's max_active (field
+  "held") is uncounted, and its lane, if a claim took it off its rings at the
+  limit (the count flagged + 10^9; blocked set "<p>|<lane>"), goes back on
+  them (rings of levels above 0,
+  "ring<p>", built inside) and the doorbell rings; a lane whose rate window is
+  still closed (in the lane wake zset) is left for promote to open.
+
   Input:
     KEYS[1] leases     KEYS[2] schedule  KEYS[3] dead    KEYS[4] completed
     KEYS[5] wake       KEYS[6] stats     KEYS[7] meta    KEYS[8] fold
-    KEYS[9] closed
+    KEYS[9] closed     KEYS[10] ring     KEYS[11] prios  KEYS[12] active
+    KEYS[13] blocked   KEYS[14] lanewake
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] keep_count   ARGV[3] keep_age_ms
     ARGV[4] n, the number of jobs
@@ -46,21 +54,39 @@ local function ring_done(id, outcome)
   redis.call('PEXPIRE', done, 60000)
 end
 local rang = false
+local reopened = false
+-- a counted job of this lane ended: put the lane back on the rings it was taken off
+local function put_back(lane)
+  -- a count at 0 stays (the next claim needs it); past 10^9 a claim flagged the lane
+  -- as blocked at its max_active
+  if redis.call('HINCRBY', KEYS[12], lane, -1) < 1000000000 then return end
+  redis.call('HINCRBY', KEYS[12], lane, -1000000000)
+  if redis.call('ZSCORE', KEYS[14], lane) then return end
+  local levels = redis.call('ZRANGE', KEYS[11], 0, -1)
+  levels[#levels + 1] = '0'
+  for _, p in ipairs(levels) do
+    if redis.call('SREM', KEYS[13], p .. '|' .. lane) == 1 then
+      redis.call('RPUSH', p == '0' and KEYS[10] or prefix .. 'ring' .. p, lane)
+      reopened = true
+    end
+  end
+end
 for i = 0, n - 1 do
   local b = 5 + i * 5
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
   local f = redis.call('HMGET', jk, 'token', 'attempts', 'max_attempts', 'deferred', 'waited',
-    'dedup_ms')
+    'dedup_ms', 'lane', 'held')
   if f[1] ~= ARGV[b + 1] or ARGV[b + 1] == '' then
     out[i + 1] = 0
   else
     redis.call('ZREM', KEYS[1], id)
+    if f[8] == '1' then put_back(f[7]) end
     local outcome = ARGV[b + 2]
     if outcome == 'f' and (tonumber(f[2]) or 0) < (tonumber(f[3]) or 1) then
       local due = now + math.min(tonumber(ARGV[b + 4]) or 0, 3155760000000)  -- <= 100 years
       redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', due, 'error', ARGV[b + 3],
-        'deferred', 1, 'token', '')
+        'deferred', 1, 'token', '', 'held', '0')
       redis.call('ZADD', KEYS[2], due, id)
       if fold then redis.call('RPUSH', KEYS[8], id) end
       local head = redis.call('ZRANGE', KEYS[2], 0, 0)
@@ -85,7 +111,7 @@ for i = 0, n - 1 do
       out[i + 1] = 1
     else
       redis.call('HSET', jk, 'state', 'dead', 'finished_ms', now, 'error', ARGV[b + 3],
-        'token', '')
+        'token', '', 'held', '0')
       redis.call('ZADD', KEYS[3], now, id)
       redis.call('HINCRBY', KEYS[6], 'dead', 1)
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end
@@ -117,6 +143,14 @@ end
 if rang then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', rang, '1')
+  else
+    redis.call('LPUSH', KEYS[5], '1')
+    redis.call('LTRIM', KEYS[5], 0, 63)
+  end
+end
+if reopened then
+  if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+    redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
   else
     redis.call('LPUSH', KEYS[5], '1')
     redis.call('LTRIM', KEYS[5], 0, 63)

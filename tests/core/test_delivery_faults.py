@@ -42,8 +42,8 @@ def test_schedule_script_refuses_a_due_time_it_cannot_store_exactly(
     k = Keys(queue_name)
     with pytest.raises(redis.exceptions.ResponseError, match="invalid due"):
         scripts.SCHEDULE(r, scripts.schedule_keys(k),
-                         [k.prefix, 2, "a", "x", "1", "default", 3, 1, "", "", "", "", "-5000",
-                          "b", "x", "1", "default", 3, 1, "", "", "", "", "-1e18"])
+                         [k.prefix, 2, "a", "x", "1", "default", 3, 1, "", "", "", "", "0", "-5000",
+                          "b", "x", "1", "default", 3, 1, "", "", "", "", "0", "-1e18"])
     assert _keys_of(r, queue_name) == []
 
 

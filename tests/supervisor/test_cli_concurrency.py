@@ -25,3 +25,16 @@ def test_concurrency_and_job_timeout_come_from_flags_or_the_environment() -> Non
     finally:
         mp.undo()
     assert settings_from_args(build_parser().parse_args(base)).job_timeout is None
+
+
+def test_lane_limit_comes_from_the_flag_or_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    base = ["start", "--queue", "q", "--handler", "m:f"]
+    assert settings_from_args(build_parser().parse_args(base)).lane_limit is None
+    settings = settings_from_args(build_parser().parse_args([*base, "--lane-limit", "3"]))
+    assert settings.lane_limit == 3
+    monkeypatch.setenv("ECHOMQ_LANE_LIMIT", "1")
+    assert settings_from_args(build_parser().parse_args(base)).lane_limit == 1
+    monkeypatch.setenv("ECHOMQ_LANE_LIMIT", "0")
+    with pytest.raises(ConfigError, match="lane_limit"):
+        settings_from_args(build_parser().parse_args(base))
