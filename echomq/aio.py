@@ -54,9 +54,9 @@ from echomq.connection import (
 )
 from echomq.errors import ConnectionFailed, JobFailed, JobNotFound
 from echomq.job import Job
-from echomq.keys import REGISTRY, validate_job_id
+from echomq.keys import REGISTRY, validate_job_id, validate_name
 from echomq.queue import Queue as SyncQueue
-from echomq.queue import deferred_ids, has_deferred
+from echomq.queue import deferred_ids, has_deferred, limit_value
 
 COMMAND_CONNECTIONS = 32  # a bounded pool for commands
 CLUSTER_CONNECTIONS = 256  # per cluster node: redis-py's cluster pool refuses past it
@@ -291,9 +291,21 @@ class Queue:
 
     async def resume(self) -> bool:
         """Hand out jobs again; False if it was not paused. See :meth:`echomq.Queue.resume`."""
-        keys = [self.keys.paused, self.keys.ring, self.keys.wake]
         with translated(self.where):
-            return bool(await evalsha(self.redis, scripts.RESUME, keys, [self.keys.prefix]))
+            return bool(await evalsha(self.redis, scripts.RESUME, scripts.resume_keys(self.keys),
+                                      [self.keys.prefix]))
+
+    async def set_lane_limit(self, lane: str, max_active: int | None = None,
+                             rate: int | None = None, per_s: float | None = None) -> None:
+        """Limit one lane (``"*"``: the queue default); see :meth:`echomq.Queue.set_lane_limit`.
+        """
+        value = limit_value(max_active, rate, per_s)
+        if lane != "*":
+            validate_name(lane, "lane name")
+        await self._register()
+        with translated(self.where):
+            await evalsha(self.redis, scripts.LIMIT, scripts.limit_keys(self.keys),
+                          [self.keys.prefix, lane, value])
 
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for the job's return value; see :meth:`echomq.Queue.result`."""

@@ -312,7 +312,12 @@ def pause(client: redis.Redis, k: Keys) -> bool:
 
 def resume(client: redis.Redis, k: Keys) -> bool:
     """Resume the queue (ringing when jobs wait); False when it was not paused."""
-    return bool(RESUME(client, [k.paused, k.ring, k.wake, k.prios], [k.prefix]))
+    return bool(RESUME(client, resume_keys(k), [k.prefix]))
+
+
+def resume_keys(k: Keys) -> list[str]:
+    """KEYS of resume.lua (shared by the sync and the asyncio producer)."""
+    return [k.paused, k.ring, k.wake, k.prios]
 
 
 def cancel(client: redis.Redis, k: Keys, job_id: str) -> Cancelled:
@@ -354,8 +359,12 @@ def purge(client: redis.Redis, k: Keys, state: str, limit: int) -> tuple[int, in
 def set_limit(client: redis.Redis, k: Keys, lane: str, value: str) -> int:
     """Set (or clear, with "") a lane's flow limits, "*" the queue default; put the lane
     (every lane for "*") back on the rings a limit took it off. Returns how many entries."""
-    return int(LIMIT(client, [k.limits, k.blocked, k.lanewake, k.ring, k.wake, k.active],
-                     [k.prefix, lane, value]))
+    return int(LIMIT(client, limit_keys(k), [k.prefix, lane, value]))
+
+
+def limit_keys(k: Keys) -> list[str]:
+    """KEYS of limit.lua (shared by the sync and the asyncio producer)."""
+    return [k.limits, k.blocked, k.lanewake, k.ring, k.wake, k.active]
 
 
 def survey(client: redis.Redis, k: Keys, scan: int, top: int, heads: int

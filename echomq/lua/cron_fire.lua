@@ -59,8 +59,8 @@ redis.call('HSET', KEYS[2], key, lastText)
 if admitted > 0 then
   redis.call('HINCRBY', KEYS[6], 'waiting', admitted)
   if redis.call('EXISTS', KEYS[7]) == 0 then
-    if redis.call('HGET', prefix .. 'meta', 'doorbell') == 'marker' then
-      redis.call('ZADD', prefix .. 'marker', 0, '0')
+    if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
+      redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
     else
       redis.call('LPUSH', KEYS[4], '1')
       redis.call('LTRIM', KEYS[4], 0, 63)

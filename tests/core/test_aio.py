@@ -304,3 +304,26 @@ def test_cancel_pause_resume_and_counts_match_the_sync_queue(redis_url: str,
     assert (cancelled, again, paused, resumed) == (True, False, True, True)
     assert counts == echomq.Queue(queue_name, redis_url=redis_url).counts()
     assert counts["cancelled"] == 1 and counts["waiting"] == 1
+
+
+def test_lane_limits_and_priorities_match_the_sync_queue(redis_url: str,
+                                                         queue_name: str) -> None:
+    async def main() -> list[str]:
+        aq = echomq.aio.Queue(queue_name, redis_url=redis_url)
+        await aq.set_lane_limit("a", max_active=2)
+        await aq.set_lane_limit("*", rate=5, per_s=2.0)
+        low = await aq.add("x", {}, lane="a")
+        high = await aq.add("x", {}, lane="a", priority=9)
+        with pytest.raises(ValueError):
+            await aq.set_lane_limit("a", max_active=0)
+        with pytest.raises(echomq.InvalidName):
+            await aq.set_lane_limit("bad lane!", max_active=1)
+        await aq.close()
+        return [high, low]
+
+    order = _run(main())
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    assert q.lane_limits() == {"a": {"max_active": 2, "rate": None, "per_s": None},
+                               "*": {"max_active": None, "rate": 5, "per_s": 2.0}}
+    lanes = Lanes(q.redis, q.keys, q.settings)
+    assert [c.id for c in lanes.claim(2)] == order  # priority 9 first, both within the limit
