@@ -66,6 +66,7 @@ class CronSpec:
     max_stalls: int
 
     def encode(self) -> str:
+        """The spec as the JSON Valkey and the floor store (``rev`` tells replacements apart)."""
         return json.dumps({"expr": self.expr, "name": self.name, "payload": self.payload,
                            "lane": self.lane, "tz": self.tz, "rev": self.rev,
                            "max_attempts": self.max_attempts, "max_stalls": self.max_stalls},
@@ -82,6 +83,7 @@ class CronSpec:
                    max_attempts=int(d["max_attempts"]), max_stalls=int(d["max_stalls"]))
 
     def public(self, last_ms: int | None, next_ms: int | None) -> Cron:
+        """The user-facing `Cron` record with its last and next occurrence."""
         return Cron(self.key, self.expr, self.name, json.loads(self.payload), self.lane, self.tz,
                     last_ms, next_ms)
 
@@ -179,18 +181,22 @@ def make_spec(key: object, expr: object, name: object, payload_text: str, lane: 
 # --- script calls ----------------------------------------------------------------
 
 def set_keys(k: Keys) -> list[str]:
+    """KEYS of cron_set.lua, in its header's order."""
     return [k.crons, k.cronlast, k.meta]
 
 
 def remove_keys(k: Keys) -> list[str]:
+    """KEYS of cron_remove.lua, in its header's order."""
     return [k.crons, k.cronlast, k.meta]
 
 
 def fire_keys(k: Keys) -> list[str]:
+    """KEYS of cron_fire.lua, in its header's order."""
     return [k.crons, k.cronlast, k.ring, k.wake, k.spilled, k.stats, k.paused]
 
 
 def restore_keys(k: Keys) -> list[str]:
+    """KEYS of cron_restore.lua, in its header's order."""
     return [k.crons, k.cronlast, k.meta]
 
 

@@ -237,6 +237,7 @@ def cmd_purge(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_crons(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq crons QUEUE`: the queue's crons with their last and next occurrence."""
     crons = _queue(client, args.queue).crons()
     data = [dataclasses.asdict(c) for c in crons]
     text = table(["key", "expr", "tz", "name", "lane", "last (UTC)", "next (UTC)", "payload"],
