@@ -46,11 +46,13 @@ def load(path: Path = MUTANTS) -> list[Mutant]:
     ids = [m.id for m in mutants]
     if len(ids) != len(set(ids)):
         raise SystemExit("mutants.toml: duplicate ids")
+    stale = []
     for m in mutants:
         count = (REPO / m.file).read_text(encoding="utf-8").count(m.find)
         if count != 1:
-            raise SystemExit(f"mutant {m.id}: {m.find!r} occurs {count} times in {m.file} "
-                             "(the source changed: update the mutant)")
+            stale.append(f"mutant {m.id}: {m.find!r} occurs {count} times in {m.file}")
+    if stale:
+        raise SystemExit("\n".join(stale) + "\n(the source changed: update these mutants)")
     return mutants
 
 
