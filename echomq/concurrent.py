@@ -56,6 +56,10 @@ class ConcurrentDrain:
         self.loop = asyncio.new_event_loop()
         self.threads = ThreadPoolExecutor(concurrency, thread_name_prefix="echomq-job")
         self.in_flight: dict[str, asyncio.Task[None]] = {}
+        # held, waiting to start: a job marked to run alone waits until nothing runs, and
+        # nothing starts beside it (which of several jobs killed a process is not known)
+        self.waiting: list[Claimed] = []
+        self.alone = False  # a job that must run alone is in flight
         self.done: list[Outcome] = []  # finished, not settled yet
         self.trips: set[asyncio.Task[None]] = set()  # round trips under way
         self.settling = 0  # outcomes in those round trips
@@ -163,7 +167,8 @@ class ConcurrentDrain:
         while True:
             if self.hooks.stop_requested():
                 self.stopping = True
-            if self.stopping and not (self.in_flight or self.done or self.trips):
+            if self.stopping and not (self.in_flight or self.waiting or self.done
+                                      or self.trips):
                 return
             if self.blocked:
                 if self.trips:
@@ -172,7 +177,7 @@ class ConcurrentDrain:
                 if not self.stopping:
                     await self._wait()
                     continue
-                if self.abandon and not self.in_flight:
+                if self.abandon and not (self.in_flight or self.waiting):
                     log.warning("queue %s: leaving %d unsettled outcome(s); their leases will "
                                 "expire", self.lanes.keys.queue, len(self.done))
                     return
@@ -186,12 +191,12 @@ class ConcurrentDrain:
                 # no event says the server is back: retry the settle after a pause
                 await asyncio.sleep(min(MAX_RETRY_WAIT_S, 0.05 * 2 ** min(self.failures, 6)))
                 self.blocked = False
-            free = self.concurrency - (len(self.in_flight) + len(self.done) + self.settling
-                                       + self.claiming)
+            free = self.concurrency - (len(self.in_flight) + len(self.waiting) + len(self.done)
+                                       + self.settling + self.claiming)
             # a settle carries a claim for the free slots even when dry: it costs no round trip
             claim = free > 0 and not self.stopping and (not self.dry or bool(self.done))
             if (not self.done and not claim) or len(self.trips) >= MAX_ROUND_TRIPS:
-                if self.dry and not (self.in_flight or self.done or self.trips):
+                if self.dry and not (self.in_flight or self.waiting or self.done or self.trips):
                     self._tell_quiet()
                 await self._wait()
                 continue
@@ -287,7 +292,16 @@ class ConcurrentDrain:
         if not batch:
             return
         self.hooks.on_batch(batch)
-        for claimed in batch:
+        self.waiting.extend(batch)
+        self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        """Start held jobs in claim order, keeping a job marked ``alone`` alone."""
+        while self.waiting and not self.alone:
+            claimed = self.waiting[0]
+            if claimed.alone and self.in_flight:
+                return  # it starts when the jobs running now are done
+            self.waiting.pop(0)
             prepared = self.runner.prepare(claimed)
             if isinstance(prepared, Outcome):
                 self.hooks.on_start(claimed)
@@ -298,14 +312,18 @@ class ConcurrentDrain:
             self.hooks.on_start(claimed, in_thread=not is_async(fn))
             task = self.loop.create_task(self._run_one(claimed, job, fn))
             self.in_flight[claimed.id] = task
+            self.alone = claimed.alone
 
     async def _run_one(self, claimed: Claimed, job: Any, fn: Callable[..., Any]) -> None:
         try:
             outcome = await self.runner.run_async(claimed, job, fn, self.threads)
         finally:
             self.in_flight.pop(claimed.id, None)
+            if claimed.alone:
+                self.alone = False
         self.hooks.on_finish(claimed)
         self.done.append(outcome)
+        self._start_waiting()
         self._set_wake()
 
 

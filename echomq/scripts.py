@@ -210,7 +210,7 @@ def reap(client: redis.Redis, k: Keys, limit: int = 1000) -> tuple[int, int, int
 def release(client: redis.Redis, k: Keys, held: Sequence[tuple[str, str]], mode: str
             ) -> tuple[int, int]:
     """Return specific leased jobs to their lanes: (requeued, buried)."""
-    if mode not in ("stall", "requeue", "unstarted"):
+    if mode not in ("stall", "requeue", "unstarted", "suspect"):
         raise ValueError(f"unknown release mode {mode!r}")
     if not held:
         return 0, 0

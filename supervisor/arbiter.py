@@ -45,6 +45,9 @@ EXIT_DOORBELL = 2  # the queue's doorbell was switched to the other kind (as cli
 # what a dead child's jobs cost them: only the one that was running is charged a stall;
 # one that finished (outcome not settled) or never started runs again without a charge
 RELEASE_MODES = {RUNNING: "stall", FINISHED: "unstarted", HELD: "unstarted"}
+# several were running: which one killed the process is not known, so none is charged and
+# each runs alone next time (a crash during a lone run is its own)
+SUSPECT_MODES = {RUNNING: "suspect", FINISHED: "unstarted", HELD: "unstarted"}
 UNCHARGED = {RUNNING: "unstarted", FINISHED: "unstarted", HELD: "unstarted"}
 
 
@@ -408,7 +411,9 @@ class Arbiter:
         rest = [h for h in held if h.job_id not in child.timed_out]
         if timed_out:
             self._fail_timed_out(rt, child, timed_out)
-        modes = UNCHARGED if child.timed_out else RELEASE_MODES
+        running = sum(1 for h in rest if h.state == RUNNING)
+        modes = UNCHARGED if child.timed_out else (
+            SUSPECT_MODES if running > 1 else RELEASE_MODES)
         for mode, run in runs_by_mode(rest, modes):
             self._release(rt, [h.pair for h in run], mode)
         return len(held)

@@ -5,7 +5,9 @@
   that lane, so a lane with 10,000 jobs and a lane with 1 alternate. A lane
   left empty leaves the ring. Each claimed job gets attempts + 1, a fresh
   lease token and a lease in the leases zset, expiring lease_ms from the
-  server's clock. Ids whose hash is missing are dropped. With the chain
+  server's clock. Ids whose hash is missing are dropped. A job marked to run
+  alone (released as a suspect of a process crash, see reap.lua) says so in
+  its reply, and the mark goes: a crash during that lone run is its own. With the chain
   flag, the doorbell rings when lanes still hold work after the claim, so a
   burst admitted with one ring wakes parked consumers one after another
   instead of one consumer taking it all. A paused queue (the pause flag
@@ -25,9 +27,10 @@
     ARGV[4] chain: "1" to ring when work remains after this claim
 
   Output:
-    a flat array, 11 values per claimed job:
+    a flat array, 12 values per claimed job:
     id, token, name, payload, lane, attempts, max_attempts, backoff, created_ms,
-    timeout_ms ('' when the job has no time limit of its own), trace ('' for none)
+    timeout_ms ('' when the job has no time limit of its own), trace ('' for none),
+    alone ('1' when the job must run with no other job beside it in its process)
 ]]
 if redis.call('EXISTS', KEYS[6]) == 1 then return {} end
 local t = redis.call('TIME')
@@ -53,7 +56,7 @@ while claimed < count and turns < count * 4 do
     popped = popped + 1
     local jk = prefix .. 'job:' .. id
     local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
-      'backoff', 'created_ms', 'timeout_ms', 'trace')
+      'backoff', 'created_ms', 'timeout_ms', 'trace', 'alone')
     if f[1] then
       if not token_base then
         -- tokens never fall behind the server clock in us, so a counter that restarts
@@ -71,6 +74,7 @@ while claimed < count and turns < count * 4 do
       redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
         'started_ms', now)
       redis.call('ZADD', KEYS[2], expiry, id)
+      if f[9] then redis.call('HDEL', jk, 'alone') end
       local n = #out
       out[n + 1] = id
       out[n + 2] = token
@@ -83,6 +87,7 @@ while claimed < count and turns < count * 4 do
       out[n + 9] = f[6] or '0'
       out[n + 10] = f[7] or ''
       out[n + 11] = f[8] or ''
+      out[n + 12] = f[9] or ''
       claimed = claimed + 1
     end
   end

@@ -64,7 +64,8 @@ def _sentinel_knows_the_replica(sentinel_port: int, replica_port: int) -> bool:
     except redis.exceptions.ConnectionError:
         return False
     for entry in replicas:
-        fields = dict(zip(entry[::2], entry[1::2])) if isinstance(entry, list) else entry
+        fields = (dict(zip(entry[::2], entry[1::2], strict=False))
+                  if isinstance(entry, list) else entry)
         if (int(fields.get("port", 0)) == replica_port
                 and fields.get("master-link-status") == "ok"
                 and "disconnected" not in fields.get("flags", "")):

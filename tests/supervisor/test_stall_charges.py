@@ -16,24 +16,31 @@ from .conftest import Supervisor, wait_until
 Start = Callable[..., Supervisor]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a child that dies charges a stall to every job RUNNING in it (RELEASE_MODES), not only "
-    "to the one that killed it: with --concurrency, a job that runs beside a process-killing "
-    "job goes dead with it after max_stalls crashes, its own handler never failing"))
 def test_a_job_running_beside_one_that_kills_its_process_does_not_go_dead_with_it(
         supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     supervisor(redis_url, queue_name, "--processes", "1", "--concurrency", "2").started(1)
-    # one admit: the first claim after the ring leases both, the innocent one first
+    # one admit: the first claims after the ring lease both, the innocent one first; both
+    # run when the process dies, so neither is charged and each runs alone next time
     innocent, killer = q.add_many([("x", {"gate": True}), ("x", {"exit": 9})])
-    wait_until(lambda: q.get(killer).state == "dead", 20,  # type: ignore[union-attr]
-               "the process-killing job to go dead")
-    job = q.get(innocent)
-    assert job is not None
-    assert job.state != "dead", job
+    started = f"ledger:{queue_name}:started"
+
+    def runs(job_id: str) -> int:
+        return sum(1 for x in r.lrange(started, 0, -1) if x.decode().startswith(job_id + ":"))
+
+    # the innocent one's second run is a lone one: the killer waits beside it, unstarted
+    wait_until(lambda: runs(innocent) == 2, 20, "the innocent job to run again, alone")
+    assert runs(killer) == 1
     r.rpush(f"ledger:{queue_name}:gate", 1)
     wait_until(lambda: q.get(innocent).state == "completed", 15,  # type: ignore[union-attr]
                "the innocent job to complete")
+    # the killer then runs alone and is charged each crash: dead after max_stalls (1) + 1
+    wait_until(lambda: q.get(killer).state == "dead", 20,  # type: ignore[union-attr]
+               "the process-killing job to go dead")
+    job = q.get(innocent)
+    assert job is not None and job.stalls == 0, job
+    dead = q.get(killer)
+    assert dead is not None and dead.stalls == 2 and runs(killer) == 3, (dead, runs(killer))
 
 
 @pytest.mark.xfail(strict=True, reason=(
