@@ -56,8 +56,9 @@ class ConcurrentDrain:
         self.loop = asyncio.new_event_loop()
         self.threads = ThreadPoolExecutor(concurrency, thread_name_prefix="echomq-job")
         self.in_flight: dict[str, asyncio.Task[None]] = {}
-        # held, waiting to start: a job marked to run alone waits until nothing runs, and
-        # nothing starts beside it (which of several jobs killed a process is not known)
+        # held, waiting to start: a job marked to run alone waits until nothing runs and
+        # every outcome is settled (a crash must cost no other job anything), and nothing
+        # starts beside it (which of several jobs killed a process is not known)
         self.waiting: list[Claimed] = []
         self.alone = False  # a job that must run alone is in flight
         self.done: list[Outcome] = []  # finished, not settled yet
@@ -235,6 +236,7 @@ class ConcurrentDrain:
         # settled first: their holdings entries free up before the new batch takes them
         if outcomes and not isinstance(settle_reply, Exception):
             self._settled(outcomes, [Settled(int(c)) for c in settle_reply])
+            self._start_waiting()
         elif outcomes:
             self.done = outcomes + self.done  # kept: their jobs stay held, settled later
         # a claim that went through is held and run even when the settle beside it failed
@@ -299,8 +301,8 @@ class ConcurrentDrain:
         """Start held jobs in claim order, keeping a job marked ``alone`` alone."""
         while self.waiting and not self.alone:
             claimed = self.waiting[0]
-            if claimed.alone and self.in_flight:
-                return  # it starts when the jobs running now are done
+            if claimed.alone and (self.in_flight or self.done or self.settling):
+                return  # it starts when the jobs before it are done and settled
             self.waiting.pop(0)
             prepared = self.runner.prepare(claimed)
             if isinstance(prepared, Outcome):

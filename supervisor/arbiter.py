@@ -402,9 +402,11 @@ class Arbiter:
                   "%.2fs", child.queue, slot.index, slot.crashes, delay,
                   queue=child.queue, delay_s=delay, count=slot.crashes)
 
-    def _release_child(self, rt: QueueRuntime, child: Child) -> int:
+    def _release_child(self, rt: QueueRuntime, child: Child, drained: bool = False) -> int:
         """Hand back every job a dead child held, each charged for what it was doing;
-        jobs killed for their time limit fail instead. Returns how many were held."""
+        jobs killed for their time limit fail instead. ``drained``: the supervisor ended
+        it at the drain deadline, so every running job ran past it and counts a stall.
+        Returns how many were held."""
         held = child.holdings.entries()
         child.holdings.close()
         timed_out = [h for h in held if h.job_id in child.timed_out]
@@ -413,7 +415,7 @@ class Arbiter:
             self._fail_timed_out(rt, child, timed_out)
         running = sum(1 for h in rest if h.state == RUNNING)
         modes = UNCHARGED if child.timed_out else (
-            SUSPECT_MODES if running > 1 else RELEASE_MODES)
+            SUSPECT_MODES if running > 1 and not drained else RELEASE_MODES)
         for mode, run in runs_by_mode(rest, modes):
             self._release(rt, [h.pair for h in run], mode)
         return len(held)
@@ -471,7 +473,7 @@ class Arbiter:
             slot.child = None
             if not child.reader.closed:
                 self._consume_lines(child)
-            self._release_child(self.queues[child.queue], child)
+            self._release_child(self.queues[child.queue], child, drained=True)
             child.sock.close()
 
     # --- the beat ------------------------------------------------------------------------

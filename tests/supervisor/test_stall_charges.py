@@ -20,13 +20,16 @@ def test_a_job_running_beside_one_that_kills_its_process_does_not_go_dead_with_i
         supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     supervisor(redis_url, queue_name, "--processes", "1", "--concurrency", "2").started(1)
-    # one admit: the first claims after the ring lease both, the innocent one first; both
-    # run when the process dies, so neither is charged and each runs alone next time
-    innocent, killer = q.add_many([("x", {"gate": True}), ("x", {"exit": 9})])
     started = f"ledger:{queue_name}:started"
 
     def runs(job_id: str) -> int:
         return sum(1 for x in r.lrange(started, 0, -1) if x.decode().startswith(job_id + ":"))
+
+    # the innocent job runs (held at its gate) when the killer joins it in the process:
+    # both run when it dies, so neither is charged and each runs alone next time
+    innocent = q.add("x", {"gate": True})
+    wait_until(lambda: runs(innocent) == 1, 10, "the innocent job to run")
+    killer = q.add("x", {"exit": 9})
 
     # the innocent one's second run is a lone one: the killer waits beside it, unstarted
     wait_until(lambda: runs(innocent) == 2, 20, "the innocent job to run again, alone")
