@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from echomq.connection import UNAVAILABLE_ERRORS
+from echomq.early import EarlySettle
 from echomq.job import Claimed
 from echomq.lanes import Lanes, Outcome
 from echomq.runner import Runner
@@ -56,6 +57,7 @@ class Drain:
         self.runner = runner
         self.hooks = hooks
         self.pending: list[Outcome] = []
+        self.early = EarlySettle(lanes)
 
     def run(self) -> None:
         """Drain until a claim is empty or a stop is requested. Network errors and server
@@ -77,7 +79,7 @@ class Drain:
                     self.hooks.on_unstarted(rest)
                     break
                 self.hooks.on_start(claimed)
-                outcomes.append(self.runner.run(claimed))
+                outcomes.append(self._run(claimed, outcomes))
                 self.hooks.on_finish(claimed)
             if self.hooks.stop_requested():
                 self.settle(outcomes)
@@ -88,6 +90,24 @@ class Drain:
                 self.pending = outcomes
                 raise
             self._settled(outcomes, codes)
+
+    def _run(self, claimed: Claimed, finished: list[Outcome]) -> Outcome:
+        """Run one job; past half its time limit, the ``finished`` outcomes before it are
+        settled meanwhile (and taken out of the list), since its process may be ended at
+        that limit."""
+        limit = claimed.timeout if claimed.timeout is not None else \
+            self.lanes.settings.job_timeout
+        if not (finished and limit):
+            return self.runner.run(claimed)
+        self.early.arm(finished, limit / 2)
+        try:
+            return self.runner.run(claimed)
+        finally:
+            settled = self.early.disarm()
+            if settled is not None:
+                done, codes = settled
+                del finished[:len(done)]
+                self._settled(done, codes)
 
     def settle(self, outcomes: Sequence[Outcome]) -> None:
         """Settle without claiming more (keeps them pending if the server is unreachable or

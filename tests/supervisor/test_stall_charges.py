@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
-import pytest
 import redis
 from echomq.supervisor.localredis import LocalRedis
 
@@ -46,10 +45,6 @@ def test_a_job_running_beside_one_that_kills_its_process_does_not_go_dead_with_i
     assert dead is not None and dead.stalls == 2 and runs(killer) == 3, (dead, runs(killer))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ending a process at a job's time limit hands back the jobs of its batch that already "
-    "finished but were not settled yet as 'unstarted' (arbiter._release_child, UNCHARGED "
-    "FINISHED -> 'unstarted'): their handlers run a second time with no crash involved"))
 def test_a_time_limit_kill_does_not_run_the_batchs_finished_jobs_again(
         supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
