@@ -40,6 +40,7 @@ from echomq.wake import DoorbellMismatch, claim_doorbell
 log = logging.getLogger("echomq.supervisor")
 CRASH_BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 30.0  # a child that lived this long was not crash-looping
+FORK_RETRY_S = 0.005  # a floor call under way (scheduler thread) delays a fork this long
 RECYCLE_CHECK_S = 5.0
 EXIT_DOORBELL = 2  # the queue's doorbell was switched to the other kind (as cli's EXIT_USAGE)
 # what a dead child's jobs cost them: only the one that was running is charged a stall;
@@ -277,9 +278,19 @@ class Arbiter:
     # --- children ---------------------------------------------------------------------
 
     def _spawn(self, rt: QueueRuntime, slot: Slot) -> None:
+        # no SQLite transaction of the scheduler's may be open across the fork: the child
+        # would inherit its lock as held, and its own floor writes would wait in vain
+        if self.floor is not None and not self.floor.pause_for_fork():
+            slot.respawn_at = time.monotonic() + FORK_RETRY_S
+            return
         forget = [*self.forget_in_child, self._sibling_forgetter()]
-        child = fork_child(rt.spec.name, slot.index, self.settings.redis_url, rt.settings,
-                           rt.handler, self.settings.max_jobs, forget, self.settings.floor_url)
+        try:
+            child = fork_child(rt.spec.name, slot.index, self.settings.redis_url, rt.settings,
+                               rt.handler, self.settings.max_jobs, forget,
+                               self.settings.floor_url)
+        finally:
+            if self.floor is not None:
+                self.floor.resume_after_fork()
         slot.child = child
         slot.respawn_at = None
         self.pids[child.pid] = child
