@@ -47,6 +47,9 @@ class Lanes:
         self.keys = keys
         self.settings = settings
         self._claim_keys = scripts.claim_keys(keys)
+        # a supervised consumer's name: its claims are recorded for the supervisor (claim.lua)
+        self.claimer = ""
+        self.claims_kept = 4 * max(settings.claim_batch, settings.concurrency)
         self._settle_keys = scripts.settle_keys(keys)
         keep_count, keep_age = settings.retention_args
         self._settle_head = [keys.prefix, keep_count, keep_age]
@@ -105,7 +108,11 @@ class Lanes:
                                 text)
 
     def _claim_args(self, count: int, chain: bool = False) -> list[Any]:
-        return [self.keys.prefix, self.settings.lease_ms, count, "1" if chain else "0"]
+        args: list[Any] = [self.keys.prefix, self.settings.lease_ms, count,
+                           "1" if chain else "0"]
+        if self.claimer:
+            args += [self.claimer, self.claims_kept]
+        return args
 
     def _settle_args(self, outcomes: Sequence[Outcome]) -> list[Any]:
         args: list[Any] = [*self._settle_head, len(outcomes)]

@@ -420,6 +420,7 @@ class Arbiter:
         Returns how many were held."""
         held = child.holdings.entries()
         child.holdings.close()
+        self._release_unheld(rt, child, {h.job_id for h in held})
         timed_out = [h for h in held if h.job_id in child.timed_out]
         rest = [h for h in held if h.job_id not in child.timed_out]
         if timed_out:
@@ -430,6 +431,33 @@ class Arbiter:
         for mode, run in runs_by_mode(rest, modes):
             self._release(rt, [h.pair for h in run], mode)
         return len(held)
+
+    def _release_unheld(self, rt: QueueRuntime, child: Child, held: set[str]) -> None:
+        """Hand back, uncharged, the jobs the child's claims leased that it never held (it
+        died before it read a claim's reply): its claims' record names them. Jobs it
+        settled or handed back meanwhile no longer match their tokens and stay as they are.
+        Released before the held ones, which go in front of them."""
+        if not child.claimer:
+            return
+        key = rt.metronome.keys.claims(child.claimer)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.lrange(key, 0, -1)
+            pipe.delete(key)
+            raw, _ = pipe.execute()
+        except UNAVAILABLE_ERRORS as exc:
+            log.warning("queue %s: could not read consumer %d's claims (%s); jobs it never "
+                        "held wait for their leases to expire", rt.spec.name, child.pid, exc)
+            return
+        pairs = [(raw[i].decode(), raw[i + 1].decode()) for i in range(0, len(raw) - 1, 2)]
+        seen: set[str] = set()
+        unheld = []
+        for job_id, token in reversed(pairs):  # the newest claim of an id is its token
+            if job_id not in held and job_id not in seen:
+                unheld.append((job_id, token))
+            seen.add(job_id)
+        if unheld:
+            self._release(rt, unheld[::-1], "unstarted")
 
     def _fail_timed_out(self, rt: QueueRuntime, child: Child, held: list[Held]) -> None:
         """Settle jobs whose process was ended at their time limit as failed attempts."""

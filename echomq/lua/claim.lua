@@ -12,7 +12,11 @@
   burst admitted with one ring wakes parked consumers one after another
   instead of one consumer taking it all. A paused queue (the pause flag
   exists) hands out nothing. The lane list and the job hash are built from
-  the prefix inside the script.
+  the prefix inside the script. With a claimer name, the ids and tokens
+  handed out are also appended to "<prefix>claims:<claimer>" (the newest
+  `keep` pairs kept, expiring after lease_ms): a supervisor whose consumer
+  died before it could record a claim's reply hands those jobs back at once,
+  uncharged, instead of waiting for their leases to expire.
 
   Input:
     KEYS[1] ring    list of lanes with waiting jobs
@@ -25,6 +29,8 @@
     ARGV[2] lease_ms
     ARGV[3] count, the most jobs to claim
     ARGV[4] chain: "1" to ring when work remains after this claim
+    ARGV[5] claimer: the consumer's name, '' for no record (optional)
+    ARGV[6] keep: the most pairs the record keeps (with a claimer)
 
   Output:
     a flat array, 12 values per claimed job:
@@ -42,6 +48,7 @@ local out = {}
 local claimed = 0
 local turns = 0
 local token_base = nil  -- one INCRBY reserves the tokens of the whole batch
+local record = {}  -- id, token pairs for the claimer's record
 local popped = 0
 while claimed < count and turns < count * 4 do
   turns = turns + 1
@@ -88,11 +95,19 @@ while claimed < count and turns < count * 4 do
       out[n + 10] = f[7] or ''
       out[n + 11] = f[8] or ''
       out[n + 12] = f[9] or ''
+      record[2 * claimed + 1] = id
+      record[2 * claimed + 2] = token
       claimed = claimed + 1
     end
   end
 end
 if popped > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', -popped) end
+if claimed > 0 and ARGV[5] and ARGV[5] ~= '' then
+  local ck = prefix .. 'claims:' .. ARGV[5]
+  redis.call('RPUSH', ck, unpack(record))
+  redis.call('LTRIM', ck, -2 * tonumber(ARGV[6]), -1)
+  redis.call('PEXPIRE', ck, tonumber(ARGV[2]))
+end
 if ARGV[4] == '1' and claimed > 0 and redis.call('LLEN', KEYS[1]) > 0 then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')

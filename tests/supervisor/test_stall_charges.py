@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 
+import psutil
 import redis
 from echomq.supervisor.localredis import LocalRedis
 
@@ -61,6 +63,33 @@ def test_a_time_limit_kill_does_not_run_the_batchs_finished_jobs_again(
     started = [raw.decode().rsplit(":", 2)[0]
                for raw in r.lrange(f"ledger:{queue_name}:started", 0, -1)]
     assert [j for j in ids[:-1] if started.count(j) != 1] == []  # each ran once
+
+
+def test_a_job_leased_by_a_process_killed_before_it_held_it_is_not_charged(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    sup = supervisor(redis_url, queue_name, "--processes", "1", "--lease-ms", "1000").started(1)
+    [child] = psutil.Process(sup.proc.pid).children()
+    ports = {f"{c.laddr.ip}:{c.laddr.port}" for c in child.net_connections("tcp")}
+    # the first claim after the poke takes the first job alone; its return pauses the
+    # server's writes, so the settle fused with the claim of the second waits there
+    first, second = q.add_many([("x", {"pause_writes": 1500}), ("x", {})])
+
+    def claim_waits() -> bool:
+        ports.update(f"{c.laddr.ip}:{c.laddr.port}" for c in child.net_connections("tcp"))
+        return any(c["addr"] in ports and "b" in c["flags"] and c["cmd"] == "evalsha"
+                   for c in r.client_list())
+
+    wait_until(claim_waits, 15, "the consumer's settle and claim to wait for the server")
+    os.kill(child.pid, signal.SIGSTOP)  # the claim goes through; its reply is never read
+    wait_until(lambda: q.get(second).state == "active", 10,  # type: ignore[union-attr]
+               "the second job to be leased")
+    os.kill(child.pid, signal.SIGKILL)
+    wait_until(lambda: q.get(second).state == "completed", 15,  # type: ignore[union-attr]
+               "the second job to run")
+    job = q.get(second)
+    assert job is not None and job.stalls == 0, job
+    assert q.get(first).state == "completed"  # type: ignore[union-attr]
 
 
 def test_a_stop_while_the_server_refuses_writes_keeps_the_finished_outcome(
