@@ -34,7 +34,7 @@ from echomq import scripts
 from echomq.connection import UNAVAILABLE_ERRORS, AsyncRefusalParser
 from echomq.drain import DrainHooks
 from echomq.job import Claimed, parse_claimed
-from echomq.lanes import Lanes, Outcome
+from echomq.lanes import Lanes, Outcome, unheld_claims
 from echomq.runner import Runner, is_async
 from echomq.scripts import Settled
 
@@ -61,6 +61,9 @@ class ConcurrentDrain:
         # starts beside it (which of several jobs killed a process is not known)
         self.waiting: list[Claimed] = []
         self.alone = False  # a job that must run alone is in flight
+        # a claim failed on the way back: jobs the server leased may never have reached us;
+        # they go back (uncharged) once no round trip is under way
+        self.claim_unknown = False
         self.done: list[Outcome] = []  # finished, not settled yet
         self.trips: set[asyncio.Task[None]] = set()  # round trips under way
         self.settling = 0  # outcomes in those round trips
@@ -192,6 +195,15 @@ class ConcurrentDrain:
                 # no event says the server is back: retry the settle after a pause
                 await asyncio.sleep(min(MAX_RETRY_WAIT_S, 0.05 * 2 ** min(self.failures, 6)))
                 self.blocked = False
+            if self.claim_unknown and not self.trips:
+                self.claim_unknown = False
+                try:
+                    await self._release_unheld()
+                except UNAVAILABLE_ERRORS:
+                    self.claim_unknown = True
+                    self.blocked = True
+                    self.failures += 1
+                    continue
             free = self.concurrency - (len(self.in_flight) + len(self.waiting) + len(self.done)
                                        + self.settling + self.claiming)
             # a settle carries a claim for the free slots even when dry: it costs no round trip
@@ -248,6 +260,8 @@ class ConcurrentDrain:
             elif not self.dry:
                 self.dry = True
                 self.hooks.on_dry()
+        if isinstance(claim_reply, Exception):
+            self.claim_unknown = True
         failed = next((r for r in (settle_reply, claim_reply) if isinstance(r, Exception)), None)
         if failed is None:
             self.failures = 0
@@ -264,6 +278,16 @@ class ConcurrentDrain:
         else:  # a script error: say so loudly; the outcomes are kept, never dropped
             log.error("queue %s: a settle or claim failed (%d outcome(s) kept): %s",
                       self.lanes.keys.queue, len(self.done), failed)
+
+    async def _release_unheld(self) -> None:
+        """Hand back the jobs our claims leased that we do not hold (Lanes.release_unheld)."""
+        if not self.lanes.claimer:
+            return
+        held = {*self.in_flight, *(c.id for c in self.waiting), *(o.job_id for o in self.done)}
+        raw = await self.aclient.lrange(self.lanes.keys.claims(self.lanes.claimer), 0, -1)
+        unheld = unheld_claims(raw, held)
+        if unheld:
+            await self._execute([scripts.release_call(self.lanes.keys, unheld, "unstarted")])
 
     async def _execute(self, calls: Sequence[tuple[scripts.LuaScript, list[str], list[Any]]]
                        ) -> list[Any]:

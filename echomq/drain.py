@@ -57,6 +57,9 @@ class Drain:
         self.runner = runner
         self.hooks = hooks
         self.pending: list[Outcome] = []
+        # a claim failed on the way back: the server may have leased jobs this consumer
+        # never saw; they go back (uncharged) before the next claim
+        self.claim_unknown = False
         self.early = EarlySettle(lanes)
 
     def run(self) -> None:
@@ -64,7 +67,14 @@ class Drain:
         refusals propagate, with the unsettled outcomes kept for the next call."""
         if self.pending:
             self.settle(self.pending)
-        batch = self.lanes.claim(1, chain=True)
+        if self.claim_unknown:  # nothing is held now: every outcome is settled
+            self.lanes.release_unheld(set())
+            self.claim_unknown = False
+        try:
+            batch = self.lanes.claim(1, chain=True)
+        except UNAVAILABLE_ERRORS:
+            self.claim_unknown = True
+            raise
         while batch:
             self.hooks.on_batch(batch)
             outcomes: list[Outcome] = []
@@ -88,6 +98,7 @@ class Drain:
                 codes, batch = self.lanes.settle_and_claim(outcomes, self.hooks.batch_size())
             except UNAVAILABLE_ERRORS:
                 self.pending = outcomes
+                self.claim_unknown = True
                 raise
             self._settled(outcomes, codes)
 

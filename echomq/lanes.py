@@ -33,6 +33,22 @@ class Outcome:
         return [self.job_id, self.token, self.outcome, safe_text(self.text), self.retry_ms]
 
 
+def unheld_claims(raw: Sequence[bytes | str], held: set[str]) -> list[tuple[str, str]]:
+    """The (id, token) pairs of a claims record (claim.lua: a flat id, token list) whose
+    jobs are not among ``held``, each with its newest token, in claim order."""
+    def text(value: bytes | str) -> str:
+        return value.decode() if isinstance(value, bytes) else value
+
+    seen: set[str] = set()
+    unheld = []
+    for i in range(len(raw) - 2, -1, -2):  # newest first: an id's newest claim wins
+        job_id = text(raw[i])
+        if job_id not in held and job_id not in seen:
+            unheld.append((job_id, text(raw[i + 1])))
+        seen.add(job_id)
+    return unheld[::-1]
+
+
 def safe_text(text: str) -> bytes:
     """UTF-8 bytes of a handler's error or result; a lone surrogate (a file name decoded
     with surrogateescape) becomes a ``\\udcXX`` escape instead of failing the settle."""
@@ -87,6 +103,17 @@ class Lanes:
             (scripts.CLAIM, self._claim_keys, self._claim_args(count)),
         ])
         return [Settled(int(c)) for c in codes], parse_claimed(flat)
+
+    def release_unheld(self, held: set[str]) -> int:
+        """Hand back, uncharged, the jobs this consumer's claims leased that it does not
+        hold (a claim whose reply was lost: the server ran it, the consumer saw an error).
+        Call only with no claim under way. Returns how many went back."""
+        if not self.claimer:
+            return 0
+        raw = self.client.lrange(self.keys.claims(self.claimer), 0, -1)
+        requeued, _ = scripts.release(self.client, self.keys, unheld_claims(raw, held),
+                                      "unstarted")
+        return requeued
 
     def release(self, held: Sequence[tuple[str, str]], mode: str) -> tuple[int, int]:
         """Hand leased jobs back to their lanes (see reap.lua for the modes)."""

@@ -210,15 +210,22 @@ def reap(client: redis.Redis, k: Keys, limit: int = 1000) -> tuple[int, int, int
 def release(client: redis.Redis, k: Keys, held: Sequence[tuple[str, str]], mode: str
             ) -> tuple[int, int]:
     """Return specific leased jobs to their lanes: (requeued, buried)."""
-    if mode not in ("stall", "requeue", "unstarted", "suspect"):
-        raise ValueError(f"unknown release mode {mode!r}")
     if not held:
         return 0, 0
+    script, keys, args = release_call(k, held, mode)
+    requeued, buried, _, _ = script(client, keys, args)
+    return int(requeued), int(buried)
+
+
+def release_call(k: Keys, held: Sequence[tuple[str, str]], mode: str
+                 ) -> tuple[LuaScript, list[str], list[Arg]]:
+    """The script call of :func:`release` (for a caller doing its own I/O)."""
+    if mode not in ("stall", "requeue", "unstarted", "suspect"):
+        raise ValueError(f"unknown release mode {mode!r}")
     args: list[Arg] = [k.prefix, len(held), mode]
     for job_id, token in held:
         args += [job_id, token]
-    requeued, buried, _, _ = REAP(client, reap_keys(k), args)
-    return int(requeued), int(buried)
+    return REAP, reap_keys(k), args
 
 
 def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str, str]]

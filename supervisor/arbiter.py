@@ -33,7 +33,7 @@ from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, redact_url
 from echomq.keys import REGISTRY, Keys
-from echomq.lanes import Lanes, Outcome
+from echomq.lanes import Lanes, Outcome, unheld_claims
 from echomq.runner import retry_ms_of, timed_out_text
 from echomq.wake import DoorbellMismatch, claim_doorbell
 
@@ -449,15 +449,9 @@ class Arbiter:
             log.warning("queue %s: could not read consumer %d's claims (%s); jobs it never "
                         "held wait for their leases to expire", rt.spec.name, child.pid, exc)
             return
-        pairs = [(raw[i].decode(), raw[i + 1].decode()) for i in range(0, len(raw) - 1, 2)]
-        seen: set[str] = set()
-        unheld = []
-        for job_id, token in reversed(pairs):  # the newest claim of an id is its token
-            if job_id not in held and job_id not in seen:
-                unheld.append((job_id, token))
-            seen.add(job_id)
+        unheld = unheld_claims(raw, held)
         if unheld:
-            self._release(rt, unheld[::-1], "unstarted")
+            self._release(rt, unheld, "unstarted", quiet=True)
 
     def _fail_timed_out(self, rt: QueueRuntime, child: Child, held: list[Held]) -> None:
         """Settle jobs whose process was ended at their time limit as failed attempts."""
@@ -477,7 +471,9 @@ class Arbiter:
             log.warning("queue %s: could not fail %d timed-out job(s) (%s); their leases will "
                         "expire", rt.spec.name, len(held), exc)
 
-    def _release(self, rt: QueueRuntime, held: list[tuple[str, str]], mode: str) -> None:
+    def _release(self, rt: QueueRuntime, held: list[tuple[str, str]], mode: str,
+                 quiet: bool = False) -> None:
+        """Hand jobs back (reap.lua's modes); ``quiet``: say nothing when none went back."""
         try:
             requeued, buried = scripts.release(self.client, rt.metronome.keys, held, mode)
         except UNAVAILABLE_ERRORS as exc:
@@ -487,6 +483,8 @@ class Arbiter:
         if requeued:
             rt.work_seen = time.monotonic()
             self._poke_idle(rt)
+        if quiet and not requeued + buried:
+            return
         event(log, "release", "queue %s: requeued %d, buried %d (mode %s)", rt.spec.name,
               requeued, buried, mode, queue=rt.spec.name, count=requeued + buried)
 

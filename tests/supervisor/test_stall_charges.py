@@ -92,6 +92,39 @@ def test_a_job_leased_by_a_process_killed_before_it_held_it_is_not_charged(
     assert q.get(first).state == "completed"  # type: ignore[union-attr]
 
 
+def test_jobs_of_a_claim_whose_reply_was_lost_go_back_uncharged(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url, max_payload_bytes=8 << 20)
+    sup = supervisor(redis_url, queue_name, "--processes", "1", "--lease-ms", "2000").started(1)
+    [child] = psutil.Process(sup.proc.pid).children()
+    # the claim fused with the first job's settle leases big jobs: a reply far larger than
+    # the socket buffers, so most of it is still in the server when the connection goes
+    q.pause()  # every job admitted before the first claim
+    first, *big = q.add_many([("x", {"pause_writes": 1500}),
+                              *[("x", {"blob": "b" * (6 << 20)}) for _ in range(10)]])
+    q.resume()
+    waiting: list[int] = []
+
+    def claim_waits() -> bool:
+        ports = {f"{c.laddr.ip}:{c.laddr.port}" for c in child.net_connections("tcp")}
+        waiting[:] = [int(c["id"]) for c in r.client_list() if c["addr"] in ports
+                      and "b" in c["flags"] and c["cmd"] == "evalsha"]
+        return bool(waiting)
+
+    wait_until(claim_waits, 15, "the consumer's settle and claim to wait for the server")
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: q.get(big[0]).state == "active", 10,  # type: ignore[union-attr]
+                   "the big jobs to be leased")
+        r.client_kill_filter(_id=waiting[0])  # the reply is lost; the consumer lives on
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+    wait_until(lambda: all(q.get(j).state == "completed" for j in big),  # type: ignore
+               30, "the big jobs to run")
+    assert child.is_running()
+    assert [q.get(j).stalls for j in big] == [0] * len(big)  # type: ignore[union-attr]
+
+
 def test_a_stop_while_the_server_refuses_writes_keeps_the_finished_outcome(
         supervisor: Start, private_redis: LocalRedis, queue_name: str) -> None:
     url = private_redis.url
