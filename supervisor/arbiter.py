@@ -486,7 +486,8 @@ class Arbiter:
         if quiet and not requeued + buried:
             return
         event(log, "release", "queue %s: requeued %d, buried %d (mode %s)", rt.spec.name,
-              requeued, buried, mode, queue=rt.spec.name, count=requeued + buried)
+              requeued, buried, mode, queue=rt.spec.name, count=requeued + buried,
+              jobs=[job_id for job_id, _ in held[:20]])
 
     def _slot_of(self, child: Child) -> Slot:
         return self.queues[child.queue].slots[child.slot]

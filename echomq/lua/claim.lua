@@ -14,7 +14,8 @@
   exists) hands out nothing. The lane list and the job hash are built from
   the prefix inside the script. With a claimer name, the ids and tokens
   handed out are also appended to "<prefix>claims:<claimer>" (the newest
-  `keep` pairs kept, expiring after lease_ms): a supervisor whose consumer
+  `keep` pairs kept, expiring ten leases after the last claim, so that it
+  outlives an outage that outlived the leases): a supervisor whose consumer
   died before it could record a claim's reply hands those jobs back at once,
   uncharged, instead of waiting for their leases to expire.
 
@@ -106,7 +107,7 @@ if claimed > 0 and ARGV[5] and ARGV[5] ~= '' then
   local ck = prefix .. 'claims:' .. ARGV[5]
   redis.call('RPUSH', ck, unpack(record))
   redis.call('LTRIM', ck, -2 * tonumber(ARGV[6]), -1)
-  redis.call('PEXPIRE', ck, tonumber(ARGV[2]))
+  redis.call('PEXPIRE', ck, 10 * tonumber(ARGV[2]))
 end
 if ARGV[4] == '1' and claimed > 0 and redis.call('LLEN', KEYS[1]) > 0 then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
