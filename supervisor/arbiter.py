@@ -82,6 +82,10 @@ class QueueRuntime:
     restarts: int = 0
     scheduler: Any = None
     children_by_fd: dict[int, Child] = field(default_factory=dict)
+    # hand-backs of dead children's jobs the server did not take (it was unreachable):
+    # ("claims", claimer name, ids held) or ("jobs", [(id, token)], mode); retried before
+    # the reap can charge their expired leases a stall, their leases extended meanwhile
+    unreleased: list[tuple[str, Any, Any]] = field(default_factory=list)
 
     @property
     def children(self) -> list[Child]:
@@ -152,6 +156,9 @@ class Arbiter:
                 self._loop_once()
                 if self.stopping and not self.pids:
                     break
+            for rt in self.queues.values():  # a last try: what stays leased will be reaped
+                if rt.unreleased:
+                    self._retry_releases(rt)
         except BootFailed as exc:
             log.error("%s", exc)
             self._kill_all()
@@ -381,7 +388,7 @@ class Arbiter:
         child.sock.close()
         slot.child = None
         settled_some = child.holdings.dropped() > 0  # got work done: not a crash loop
-        released = self._release_child(rt, child)
+        released, stalled = self._release_child(rt, child)
         if os.WIFSIGNALED(status):
             how, code = f"killed by {signal.Signals(os.WTERMSIG(status)).name}", -1
         else:
@@ -394,7 +401,7 @@ class Arbiter:
         level = logging.WARNING if crashed and not self.stopping else logging.INFO
         event(log, "child-exit", "queue %s: consumer %d %s%s", child.queue, child.pid, how,
               f", released {released} job(s)" if released else "", level=level,
-              queue=child.queue, pid=child.pid, exit=code)
+              queue=child.queue, pid=child.pid, exit=code, stalled=stalled)
         if self.stopping:
             return
         now = time.monotonic()
@@ -413,11 +420,12 @@ class Arbiter:
                   "%.2fs", child.queue, slot.index, slot.crashes, delay,
                   queue=child.queue, delay_s=delay, count=slot.crashes)
 
-    def _release_child(self, rt: QueueRuntime, child: Child, drained: bool = False) -> int:
+    def _release_child(self, rt: QueueRuntime, child: Child, drained: bool = False
+                       ) -> tuple[int, list[str]]:
         """Hand back every job a dead child held, each charged for what it was doing;
         jobs killed for their time limit fail instead. ``drained``: the supervisor ended
         it at the drain deadline, so every running job ran past it and counts a stall.
-        Returns how many were held."""
+        Returns how many were held, and the ids of those charged a stall."""
         held = child.holdings.entries()
         child.holdings.close()
         self._release_unheld(rt, child, {h.job_id for h in held})
@@ -430,28 +438,40 @@ class Arbiter:
             SUSPECT_MODES if running > 1 and not drained else RELEASE_MODES)
         for mode, run in runs_by_mode(rest, modes):
             self._release(rt, [h.pair for h in run], mode)
-        return len(held)
+        return len(held), [h.job_id for h in rest if modes[h.state] == "stall"]
 
     def _release_unheld(self, rt: QueueRuntime, child: Child, held: set[str]) -> None:
         """Hand back, uncharged, the jobs the child's claims leased that it never held (it
         died before it read a claim's reply): its claims' record names them. Jobs it
         settled or handed back meanwhile no longer match their tokens and stay as they are.
         Released before the held ones, which go in front of them."""
-        if not child.claimer:
-            return
-        key = rt.metronome.keys.claims(child.claimer)
+        if child.claimer:
+            self._release_claims(rt, child.claimer, held)
+
+    def _release_claims(self, rt: QueueRuntime, claimer: str, held: set[str]) -> bool:
+        key = rt.metronome.keys.claims(claimer)
         try:
             pipe = self.client.pipeline(transaction=False)
             pipe.lrange(key, 0, -1)
             pipe.delete(key)
             raw, _ = pipe.execute()
         except UNAVAILABLE_ERRORS as exc:
-            log.warning("queue %s: could not read consumer %d's claims (%s); jobs it never "
-                        "held wait for their leases to expire", rt.spec.name, child.pid, exc)
-            return
+            log.warning("queue %s: could not read a dead consumer's claims (%s); kept until "
+                        "the server answers", rt.spec.name, exc)
+            rt.unreleased.append(("claims", claimer, held))
+            return False
         unheld = unheld_claims(raw, held)
-        if unheld:
-            self._release(rt, unheld, "unstarted", quiet=True)
+        return not unheld or self._release(rt, unheld, "unstarted", quiet=True)
+
+    def _retry_releases(self, rt: QueueRuntime) -> None:
+        """Hand back what a dead child held, kept while the server could not take it."""
+        pending, rt.unreleased = rt.unreleased, []
+        for i, (kind, what, detail) in enumerate(pending):
+            done = (self._release_claims(rt, what, detail) if kind == "claims"
+                    else self._release(rt, what, detail))
+            if not done:  # kept again (appended): keep the rest too, in their order
+                rt.unreleased.extend(pending[i + 1:])
+                return
 
     def _fail_timed_out(self, rt: QueueRuntime, child: Child, held: list[Held]) -> None:
         """Settle jobs whose process was ended at their time limit as failed attempts."""
@@ -472,22 +492,23 @@ class Arbiter:
                         "expire", rt.spec.name, len(held), exc)
 
     def _release(self, rt: QueueRuntime, held: list[tuple[str, str]], mode: str,
-                 quiet: bool = False) -> None:
-        """Hand jobs back (reap.lua's modes); ``quiet``: say nothing when none went back."""
+                 quiet: bool = False) -> bool:
+        """Hand jobs back (reap.lua's modes); ``quiet``: say nothing when none went back.
+        False when the server could not take them: kept, and retried when it answers."""
         try:
             requeued, buried = scripts.release(self.client, rt.metronome.keys, held, mode)
         except UNAVAILABLE_ERRORS as exc:
-            log.warning("queue %s: could not release %d job(s) (%s); their leases will expire",
-                        rt.spec.name, len(held), exc)
-            return
+            log.warning("queue %s: could not release %d job(s) (%s); kept until the server "
+                        "answers", rt.spec.name, len(held), exc)
+            rt.unreleased.append(("jobs", held, mode))
+            return False
         if requeued:
             rt.work_seen = time.monotonic()
             self._poke_idle(rt)
-        if quiet and not requeued + buried:
-            return
-        event(log, "release", "queue %s: requeued %d, buried %d (mode %s)", rt.spec.name,
-              requeued, buried, mode, queue=rt.spec.name, count=requeued + buried,
-              jobs=[job_id for job_id, _ in held[:20]])
+        if not (quiet and not requeued + buried):
+            event(log, "release", "queue %s: requeued %d, buried %d (mode %s)", rt.spec.name,
+                  requeued, buried, mode, queue=rt.spec.name, count=requeued + buried)
+        return True
 
     def _slot_of(self, child: Child) -> Slot:
         return self.queues[child.queue].slots[child.slot]
@@ -601,6 +622,7 @@ class Arbiter:
         each may hold outcomes it could not settle. Leases in hand are extended at once and
         the reap waits a beat: leases that ran out during the outage belong to jobs that
         are running or settling now, not to dead processes."""
+        self._retry_releases(rt)
         for slot in rt.slots:
             if slot.child is None and slot.respawn_at is not None:
                 slot.respawn_at = min(slot.respawn_at, now)
@@ -656,6 +678,8 @@ class Arbiter:
                 self._declare_queue(rt)  # the probe: a write, refused while writes are
                 found = False
             else:
+                if rt.unreleased:  # before a reap could charge their leases a stall
+                    self._retry_releases(rt)
                 parked = any(c.state in ("idle", "starting") for c in rt.children)
                 found = rt.metronome.pump(now, disarmed=not parked)
         except UNAVAILABLE_ERRORS as exc:
@@ -694,6 +718,8 @@ class Arbiter:
     def _extend_leases(self) -> None:
         for rt in self.queues.values():
             held = [h.pair for child in rt.children for h in child.holdings.entries()]
+            held += [pair for kind, pairs, _ in rt.unreleased if kind == "jobs"
+                     for pair in pairs]
             if not held:
                 continue
             try:

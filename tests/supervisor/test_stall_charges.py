@@ -125,6 +125,31 @@ def test_jobs_of_a_claim_whose_reply_was_lost_go_back_uncharged(
     assert [q.get(j).stalls for j in big] == [0] * len(big)  # type: ignore[union-attr]
 
 
+def test_jobs_of_a_consumer_that_died_while_the_server_was_down_are_not_charged(
+        supervisor: Start, queue_name: str) -> None:
+    server = LocalRedis(appendonly=True, extra_args=("--appendfsync", "always")).start()
+    try:
+        q = echomq.Queue(queue_name, redis_url=server.url)
+        sup = supervisor(server.url, queue_name, "--processes", "1", "--lease-ms", "1000",
+                         "--beat-ms", "100").started(1)
+        [child] = psutil.Process(sup.proc.pid).children()
+        job_id = q.add("x", {"sleep": 1.0})
+        wait_until(lambda: q.get(job_id).state == "active", 10,  # type: ignore[union-attr]
+                   "the job to run")
+        server.kill()  # its settle fails: the outcome is kept, the job still leased
+        sup.wait_for_log(r"server unreachable while draining")
+        child.kill()  # the supervisor cannot hand the job back now
+        child.wait(10)
+        sup.wait_for_log(rf"consumer {child.pid} killed by SIGKILL")
+        server.start()  # on its append-only file: the lease is there, nobody extended it
+        wait_until(lambda: q.get(job_id).state in ("completed", "dead"), 20,  # type: ignore
+                   "the job to run again")
+        job = q.get(job_id)
+        assert job is not None and job.state == "completed" and job.stalls == 0, job
+    finally:
+        server.stop()
+
+
 def test_a_stop_while_the_server_refuses_writes_keeps_the_finished_outcome(
         supervisor: Start, private_redis: LocalRedis, queue_name: str) -> None:
     url = private_redis.url
