@@ -43,7 +43,7 @@ from echomq import aio, scripts
 from echomq.connection import UNAVAILABLE_ERRORS, AsyncRefusalParser, Client, use_refusal_parser
 from echomq.drain import DrainHooks
 from echomq.job import Claimed, parse_claimed
-from echomq.lanes import Lanes, Outcome
+from echomq.lanes import Lanes, Outcome, unheld_claims
 from echomq.runner import Runner, is_async
 from echomq.scripts import Settled
 
@@ -71,7 +71,15 @@ class ConcurrentDrain:
         # one has finished)
         self.max_prefetch = default_prefetch(concurrency) if prefetch is None else max(0, prefetch)
         self.mean_run_s: float | None = None
-        self.buffer: deque[Claimed] = deque()  # claimed, not started: they start as slots free
+        # claimed, not started: they start in claim order as slots free; a job marked to
+        # run alone waits until nothing runs and every outcome is settled (a crash must cost
+        # no other job anything), and nothing starts beside it (which of several jobs killed
+        # a process is not known)
+        self.buffer: deque[Claimed] = deque()
+        self.alone = False  # a job that must run alone is in flight
+        # a claim failed on the way back: jobs the server leased may never have reached us;
+        # they go back (uncharged) once no round trip is under way
+        self.claim_unknown = False
         self.handback: list[tuple[str, str]] = []  # unstarted jobs to release (when stopping)
         self.loop = asyncio.new_event_loop()
         self.threads = ThreadPoolExecutor(concurrency, thread_name_prefix="echomq-job")
@@ -221,6 +229,15 @@ class ConcurrentDrain:
                 # no event says the server is back: retry the settle after a pause
                 await asyncio.sleep(min(MAX_RETRY_WAIT_S, 0.05 * 2 ** min(self.failures, 6)))
                 self.blocked = False
+            if self.claim_unknown and not self.trips:
+                self.claim_unknown = False
+                try:
+                    await self._release_unheld()
+                except UNAVAILABLE_ERRORS:
+                    self.claim_unknown = True
+                    self.blocked = True
+                    self.failures += 1
+                    continue
             # jobs held or on their way: running, buffered, finished, settling, being claimed
             room = self.concurrency + self.prefetch() - (
                 len(self.in_flight) + len(self.buffer) + len(self.done) + self.settling
@@ -274,6 +291,8 @@ class ConcurrentDrain:
         # settled first: their holdings entries free up before the new batch takes them
         if outcomes and not isinstance(settle_reply, Exception):
             self._settled(outcomes, [Settled(int(c)) for c in settle_reply])
+            if not self.stopping:
+                self._fill()  # a job waiting to run alone may start now
         elif outcomes:
             self.done = outcomes + self.done  # kept: their jobs stay held, settled later
         if handback and not isinstance(release_reply, Exception):
@@ -289,6 +308,8 @@ class ConcurrentDrain:
             elif not self.dry:
                 self.dry = True
                 self.hooks.on_dry()
+        if isinstance(claim_reply, Exception):
+            self.claim_unknown = True
         failed = next((r for r in (settle_reply, claim_reply, release_reply)
                        if isinstance(r, Exception)), None)
         if failed is None:
@@ -306,6 +327,17 @@ class ConcurrentDrain:
         else:  # a script error: say so loudly; the outcomes are kept, never dropped
             log.error("queue %s: a settle, claim or release failed (%d outcome(s) kept): %s",
                       self.lanes.keys.queue, len(self.done), failed)
+
+    async def _release_unheld(self) -> None:
+        """Hand back the jobs our claims leased that we do not hold (Lanes.release_unheld)."""
+        if not self.lanes.claimer:
+            return
+        held = {*self.in_flight, *(c.id for c in self.buffer), *(o.job_id for o in self.done),
+                *(job_id for job_id, _ in self.handback)}
+        raw = await self.aclient.lrange(self.lanes.keys.claims(self.lanes.claimer), 0, -1)
+        unheld = unheld_claims(raw, held)
+        if unheld:
+            await self._execute([scripts.release_call(self.lanes.keys, unheld, "unstarted")])
 
     async def _execute(self, calls: Sequence[tuple[scripts.LuaScript, list[str], list[Any]]]
                        ) -> list[Any]:
@@ -342,11 +374,14 @@ class ConcurrentDrain:
             self._fill()
 
     def _fill(self) -> None:
-        """Start buffered jobs in the free slots."""
-        while self.buffer and len(self.in_flight) < self.concurrency:
+        """Start buffered jobs in the free slots, in claim order, keeping a job marked
+        ``alone`` alone."""
+        while self.buffer and len(self.in_flight) < self.concurrency and not self.alone:
             if self.hooks.stop_requested():
                 self._on_stop()
                 return
+            if self.buffer[0].alone and (self.in_flight or self.done or self.settling):
+                return  # it starts when the jobs before it are done and settled
             self._start(self.buffer.popleft())
 
     def _start(self, claimed: Claimed) -> None:
@@ -360,6 +395,7 @@ class ConcurrentDrain:
         self.hooks.on_start(claimed, in_thread=not is_async(fn))
         task = self.loop.create_task(self._run_one(claimed, job, fn))
         self.in_flight[claimed.id] = task
+        self.alone = claimed.alone
 
     async def _run_one(self, claimed: Claimed, job: Any, fn: Callable[..., Any]) -> None:
         started = self.loop.time()
@@ -367,6 +403,8 @@ class ConcurrentDrain:
             outcome = await self.runner.run_async(claimed, job, fn, self.threads)
         finally:
             self.in_flight.pop(claimed.id, None)
+            if claimed.alone:
+                self.alone = False
         ran = self.loop.time() - started
         mean = self.mean_run_s
         self.mean_run_s = ran if mean is None else mean + RUN_TIME_WEIGHT * (ran - mean)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from echomq.connection import UNAVAILABLE_ERRORS
+from echomq.early import EarlySettle
 from echomq.job import Claimed
 from echomq.lanes import Lanes, Outcome
 from echomq.runner import Runner
@@ -56,13 +57,24 @@ class Drain:
         self.runner = runner
         self.hooks = hooks
         self.pending: list[Outcome] = []
+        # a claim failed on the way back: the server may have leased jobs this consumer
+        # never saw; they go back (uncharged) before the next claim
+        self.claim_unknown = False
+        self.early = EarlySettle(lanes)
 
     def run(self) -> None:
         """Drain until a claim is empty or a stop is requested. Network errors and server
         refusals propagate, with the unsettled outcomes kept for the next call."""
         if self.pending:
             self.settle(self.pending)
-        batch = self.lanes.claim(1, chain=True)
+        if self.claim_unknown:  # nothing is held now: every outcome is settled
+            self.lanes.release_unheld(set())
+            self.claim_unknown = False
+        try:
+            batch = self.lanes.claim(1, chain=True)
+        except UNAVAILABLE_ERRORS:
+            self.claim_unknown = True
+            raise
         while batch:
             self.hooks.on_batch(batch)
             outcomes: list[Outcome] = []
@@ -77,7 +89,7 @@ class Drain:
                     self.hooks.on_unstarted(rest)
                     break
                 self.hooks.on_start(claimed)
-                outcomes.append(self.runner.run(claimed))
+                outcomes.append(self._run(claimed, outcomes))
                 self.hooks.on_finish(claimed)
             if self.hooks.stop_requested():
                 self.settle(outcomes)
@@ -86,8 +98,27 @@ class Drain:
                 codes, batch = self.lanes.settle_and_claim(outcomes, self.hooks.batch_size())
             except UNAVAILABLE_ERRORS:
                 self.pending = outcomes
+                self.claim_unknown = True
                 raise
             self._settled(outcomes, codes)
+
+    def _run(self, claimed: Claimed, finished: list[Outcome]) -> Outcome:
+        """Run one job; past half its time limit, the ``finished`` outcomes before it are
+        settled meanwhile (and taken out of the list), since its process may be ended at
+        that limit."""
+        limit = claimed.timeout if claimed.timeout is not None else \
+            self.lanes.settings.job_timeout
+        if not (finished and limit):
+            return self.runner.run(claimed)
+        self.early.arm(finished, limit / 2)
+        try:
+            return self.runner.run(claimed)
+        finally:
+            settled = self.early.disarm()
+            if settled is not None:
+                done, codes = settled
+                del finished[:len(done)]
+                self._settled(done, codes)
 
     def settle(self, outcomes: Sequence[Outcome]) -> None:
         """Settle without claiming more (keeps them pending if the server is unreachable or

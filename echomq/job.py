@@ -9,7 +9,7 @@ from typing import Any
 from echomq.errors import CorruptJob
 
 STATES = ("waiting", "scheduled", "active", "completed", "dead", "cancelled")
-CLAIM_FIELDS = 11  # values per job returned by claim.lua
+CLAIM_FIELDS = 12  # values per job returned by claim.lua
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -130,6 +130,7 @@ class Claimed:
     created_ms: int
     timeout: float | None = None
     trace: str = ""
+    alone: bool = False  # a suspect of a process crash: run it with no other job beside it
 
     def to_job(self, queue: str) -> Job:
         """Decode the payload; raise CorruptJob when it is not JSON."""
@@ -148,12 +149,12 @@ def parse_claimed(flat: list[Any]) -> list[Claimed]:
     text = _text_or_int
     for i in range(0, len(flat), CLAIM_FIELDS):
         (job_id, token, name, payload, lane, attempts, max_attempts, backoff, created,
-         timeout_ms, trace) = flat[i:i + CLAIM_FIELDS]
+         timeout_ms, trace, alone) = flat[i:i + CLAIM_FIELDS]
         out.append(Claimed(
             text(job_id), text(token), text(name), text(payload), text(lane),
             int(attempts or 0), _int(text(max_attempts), 1), text(backoff or b""),
             _int(text(created)), timeout_seconds(text(timeout_ms or b"")),
-            text(trace or b""),
+            text(trace or b""), bool(alone),
         ))
     return out
 

@@ -98,6 +98,10 @@ class Keys:
         """A rate-limited lane's recent starts (zset, ms) within its window."""
         return f"{self.prefix}starts:{lane}"
 
+    def claims(self, claimer: str) -> str:
+        """A supervised consumer's record of the jobs its latest claims handed out."""
+        return f"{self.prefix}claims:{claimer}"
+
     def done(self, job_id: str) -> str:
         """The result doorbell of one job (rung by settle when a waiter marked the job)."""
         return f"{self.prefix}done:{job_id}"

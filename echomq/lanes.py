@@ -45,6 +45,22 @@ def record_lane_limit(client: redis.Redis, keys: Keys, max_active: int) -> None:
         scripts.set_limit(client, keys, "*", value)
 
 
+def unheld_claims(raw: Sequence[bytes | str], held: set[str]) -> list[tuple[str, str]]:
+    """The (id, token) pairs of a claims record (claim.lua: a flat id, token list) whose
+    jobs are not among ``held``, each with its newest token, in claim order."""
+    def text(value: bytes | str) -> str:
+        return value.decode() if isinstance(value, bytes) else value
+
+    seen: set[str] = set()
+    unheld = []
+    for i in range(len(raw) - 2, -1, -2):  # newest first: an id's newest claim wins
+        job_id = text(raw[i])
+        if job_id not in held and job_id not in seen:
+            unheld.append((job_id, text(raw[i + 1])))
+        seen.add(job_id)
+    return unheld[::-1]
+
+
 def safe_text(text: str) -> bytes:
     """UTF-8 bytes of a handler's error or result; a lone surrogate (a file name decoded
     with surrogateescape) becomes a ``\\udcXX`` escape instead of failing the settle."""
@@ -59,6 +75,9 @@ class Lanes:
         self.keys = keys
         self.settings = settings
         self._claim_keys = scripts.claim_keys(keys)
+        # a supervised consumer's name: its claims are recorded for the supervisor (claim.lua)
+        self.claimer = ""
+        self.claims_kept = 4 * max(settings.claim_batch, settings.concurrency)
         self._settle_keys = scripts.settle_keys(keys)
         keep_count, keep_age = settings.retention_args
         self._settle_head = [keys.prefix, keep_count, keep_age]
@@ -97,6 +116,17 @@ class Lanes:
         ])
         return [Settled(int(c)) for c in codes], parse_claimed(flat)
 
+    def release_unheld(self, held: set[str]) -> int:
+        """Hand back, uncharged, the jobs this consumer's claims leased that it does not
+        hold (a claim whose reply was lost: the server ran it, the consumer saw an error).
+        Call only with no claim under way. Returns how many went back."""
+        if not self.claimer:
+            return 0
+        raw = self.client.lrange(self.keys.claims(self.claimer), 0, -1)
+        requeued, _ = scripts.release(self.client, self.keys, unheld_claims(raw, held),
+                                      "unstarted")
+        return requeued
+
     def release(self, held: Sequence[tuple[str, str]], mode: str) -> tuple[int, int]:
         """Hand leased jobs back to their lanes (see reap.lua for the modes)."""
         return scripts.release(self.client, self.keys, held, mode)
@@ -124,7 +154,11 @@ class Lanes:
                                 text)
 
     def _claim_args(self, count: int, chain: bool = False) -> list[Any]:
-        return [self.keys.prefix, self.settings.lease_ms, count, "1" if chain else "0"]
+        args: list[Any] = [self.keys.prefix, self.settings.lease_ms, count,
+                           "1" if chain else "0"]
+        if self.claimer:
+            args += [self.claimer, self.claims_kept]
+        return args
 
     def _settle_args(self, outcomes: Sequence[Outcome]) -> list[Any]:
         args: list[Any] = [*self._settle_head, len(outcomes)]

@@ -233,17 +233,24 @@ def release(client: redis.Redis, k: Keys, held: Sequence[tuple[str, str]], mode:
     if not held:
         release_args(k, held, mode)  # still refuses an unknown mode
         return 0, 0
-    requeued, buried, _, _ = REAP(client, reap_keys(k), release_args(k, held, mode))
+    script, keys, args = release_call(k, held, mode)
+    requeued, buried, _, _ = script(client, keys, args)
     return int(requeued), int(buried)
+
+
+def release_call(k: Keys, held: Sequence[tuple[str, str]], mode: str
+                 ) -> tuple[LuaScript, list[str], list[Arg]]:
+    """The script call of :func:`release` (for a caller doing its own I/O)."""
+    return REAP, reap_keys(k), release_args(k, held, mode)
 
 
 def release_args(k: Keys, held: Sequence[tuple[str, str]], mode: str) -> list[Arg]:
     """ARGV of the reap script handing back these (job id, token) pairs in ``mode``.
 
     Raises:
-        ValueError: ``mode`` is not "stall", "requeue" or "unstarted".
+        ValueError: ``mode`` is not "stall", "requeue", "unstarted" or "suspect".
     """
-    if mode not in ("stall", "requeue", "unstarted"):
+    if mode not in ("stall", "requeue", "unstarted", "suspect"):
         raise ValueError(f"unknown release mode {mode!r}")
     args: list[Arg] = [k.prefix, len(held), mode]
     for job_id, token in held:

@@ -33,18 +33,22 @@ from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, redact_url
 from echomq.keys import REGISTRY, Keys
-from echomq.lanes import Lanes, Outcome, record_lane_limit
+from echomq.lanes import Lanes, Outcome, record_lane_limit, unheld_claims
 from echomq.runner import retry_ms_of, timed_out_text
 from echomq.wake import DoorbellMismatch, claim_doorbell
 
 log = logging.getLogger("echomq.supervisor")
 CRASH_BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 30.0  # a child that lived this long was not crash-looping
+FORK_RETRY_S = 0.005  # a floor call under way (scheduler thread) delays a fork this long
 RECYCLE_CHECK_S = 5.0
 EXIT_DOORBELL = 2  # the queue's doorbell was switched to the other kind (as cli's EXIT_USAGE)
 # what a dead child's jobs cost them: only the one that was running is charged a stall;
 # one that finished (outcome not settled) or never started runs again without a charge
 RELEASE_MODES = {RUNNING: "stall", FINISHED: "unstarted", HELD: "unstarted"}
+# several were running: which one killed the process is not known, so none is charged and
+# each runs alone next time (a crash during a lone run is its own)
+SUSPECT_MODES = {RUNNING: "suspect", FINISHED: "unstarted", HELD: "unstarted"}
 UNCHARGED = {RUNNING: "unstarted", FINISHED: "unstarted", HELD: "unstarted"}
 
 
@@ -78,6 +82,10 @@ class QueueRuntime:
     restarts: int = 0
     scheduler: Any = None
     children_by_fd: dict[int, Child] = field(default_factory=dict)
+    # hand-backs of dead children's jobs the server did not take (it was unreachable):
+    # ("claims", claimer name, ids held) or ("jobs", [(id, token)], mode); retried before
+    # the reap can charge their expired leases a stall, their leases extended meanwhile
+    unreleased: list[tuple[str, Any, Any]] = field(default_factory=list)
 
     @property
     def children(self) -> list[Child]:
@@ -149,6 +157,9 @@ class Arbiter:
                 self._loop_once()
                 if self.stopping and not self.pids:
                     break
+            for rt in self.queues.values():  # a last try: what stays leased will be reaped
+                if rt.unreleased:
+                    self._retry_releases(rt)
         except BootFailed as exc:
             log.error("%s", exc)
             self._kill_all()
@@ -277,9 +288,19 @@ class Arbiter:
     # --- children ---------------------------------------------------------------------
 
     def _spawn(self, rt: QueueRuntime, slot: Slot) -> None:
+        # no SQLite transaction of the scheduler's may be open across the fork: the child
+        # would inherit its lock as held, and its own floor writes would wait in vain
+        if self.floor is not None and not self.floor.pause_for_fork():
+            slot.respawn_at = time.monotonic() + FORK_RETRY_S
+            return
         forget = [*self.forget_in_child, self._sibling_forgetter()]
-        child = fork_child(rt.spec.name, slot.index, self.settings.redis_url, rt.settings,
-                           rt.handler, self.settings.max_jobs, forget, self.settings.floor_url)
+        try:
+            child = fork_child(rt.spec.name, slot.index, self.settings.redis_url, rt.settings,
+                               rt.handler, self.settings.max_jobs, forget,
+                               self.settings.floor_url)
+        finally:
+            if self.floor is not None:
+                self.floor.resume_after_fork()
         slot.child = child
         slot.respawn_at = None
         self.pids[child.pid] = child
@@ -370,7 +391,7 @@ class Arbiter:
         child.sock.close()
         slot.child = None
         settled_some = child.holdings.dropped() > 0  # got work done: not a crash loop
-        released = self._release_child(rt, child)
+        released, stalled = self._release_child(rt, child)
         if os.WIFSIGNALED(status):
             how, code = f"killed by {signal.Signals(os.WTERMSIG(status)).name}", -1
         else:
@@ -383,7 +404,7 @@ class Arbiter:
         level = logging.WARNING if crashed and not self.stopping else logging.INFO
         event(log, "child-exit", "queue %s: consumer %d %s%s", child.queue, child.pid, how,
               f", released {released} job(s)" if released else "", level=level,
-              queue=child.queue, pid=child.pid, exit=code)
+              queue=child.queue, pid=child.pid, exit=code, stalled=stalled)
         if self.stopping:
             return
         now = time.monotonic()
@@ -402,19 +423,58 @@ class Arbiter:
                   "%.2fs", child.queue, slot.index, slot.crashes, delay,
                   queue=child.queue, delay_s=delay, count=slot.crashes)
 
-    def _release_child(self, rt: QueueRuntime, child: Child) -> int:
+    def _release_child(self, rt: QueueRuntime, child: Child, drained: bool = False
+                       ) -> tuple[int, list[str]]:
         """Hand back every job a dead child held, each charged for what it was doing;
-        jobs killed for their time limit fail instead. Returns how many were held."""
+        jobs killed for their time limit fail instead. ``drained``: the supervisor ended
+        it at the drain deadline, so every running job ran past it and counts a stall.
+        Returns how many were held, and the ids of those charged a stall."""
         held = child.holdings.entries()
         child.holdings.close()
+        self._release_unheld(rt, child, {h.job_id for h in held})
         timed_out = [h for h in held if h.job_id in child.timed_out]
         rest = [h for h in held if h.job_id not in child.timed_out]
         if timed_out:
             self._fail_timed_out(rt, child, timed_out)
-        modes = UNCHARGED if child.timed_out else RELEASE_MODES
+        running = sum(1 for h in rest if h.state == RUNNING)
+        modes = UNCHARGED if child.timed_out else (
+            SUSPECT_MODES if running > 1 and not drained else RELEASE_MODES)
         for mode, run in runs_by_mode(rest, modes):
             self._release(rt, [h.pair for h in run], mode)
-        return len(held)
+        return len(held), [h.job_id for h in rest if modes[h.state] == "stall"]
+
+    def _release_unheld(self, rt: QueueRuntime, child: Child, held: set[str]) -> None:
+        """Hand back, uncharged, the jobs the child's claims leased that it never held (it
+        died before it read a claim's reply): its claims' record names them. Jobs it
+        settled or handed back meanwhile no longer match their tokens and stay as they are.
+        Released before the held ones, which go in front of them."""
+        if child.claimer:
+            self._release_claims(rt, child.claimer, held)
+
+    def _release_claims(self, rt: QueueRuntime, claimer: str, held: set[str]) -> bool:
+        key = rt.metronome.keys.claims(claimer)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.lrange(key, 0, -1)
+            pipe.delete(key)
+            raw, _ = pipe.execute()
+        except UNAVAILABLE_ERRORS as exc:
+            log.warning("queue %s: could not read a dead consumer's claims (%s); kept until "
+                        "the server answers", rt.spec.name, exc)
+            rt.unreleased.append(("claims", claimer, held))
+            return False
+        unheld = unheld_claims(raw, held)
+        return not unheld or self._release(rt, unheld, "unstarted", quiet=True)
+
+    def _retry_releases(self, rt: QueueRuntime) -> None:
+        """Hand back what a dead child held, kept while the server could not take it."""
+        pending, rt.unreleased = rt.unreleased, []
+        for i, (kind, what, detail) in enumerate(pending):
+            done = (self._release_claims(rt, what, detail) if kind == "claims"
+                    else self._release(rt, what, detail))
+            if not done:  # kept again (appended): keep the rest too, in their order
+                rt.unreleased.extend(pending[i + 1:])
+                return
 
     def _fail_timed_out(self, rt: QueueRuntime, child: Child, held: list[Held]) -> None:
         """Settle jobs whose process was ended at their time limit as failed attempts."""
@@ -434,18 +494,24 @@ class Arbiter:
             log.warning("queue %s: could not fail %d timed-out job(s) (%s); their leases will "
                         "expire", rt.spec.name, len(held), exc)
 
-    def _release(self, rt: QueueRuntime, held: list[tuple[str, str]], mode: str) -> None:
+    def _release(self, rt: QueueRuntime, held: list[tuple[str, str]], mode: str,
+                 quiet: bool = False) -> bool:
+        """Hand jobs back (reap.lua's modes); ``quiet``: say nothing when none went back.
+        False when the server could not take them: kept, and retried when it answers."""
         try:
             requeued, buried = scripts.release(self.client, rt.metronome.keys, held, mode)
         except UNAVAILABLE_ERRORS as exc:
-            log.warning("queue %s: could not release %d job(s) (%s); their leases will expire",
-                        rt.spec.name, len(held), exc)
-            return
+            log.warning("queue %s: could not release %d job(s) (%s); kept until the server "
+                        "answers", rt.spec.name, len(held), exc)
+            rt.unreleased.append(("jobs", held, mode))
+            return False
         if requeued:
             rt.work_seen = time.monotonic()
             self._poke_idle(rt)
-        event(log, "release", "queue %s: requeued %d, buried %d (mode %s)", rt.spec.name,
-              requeued, buried, mode, queue=rt.spec.name, count=requeued + buried)
+        if not (quiet and not requeued + buried):
+            event(log, "release", "queue %s: requeued %d, buried %d (mode %s)", rt.spec.name,
+                  requeued, buried, mode, queue=rt.spec.name, count=requeued + buried)
+        return True
 
     def _slot_of(self, child: Child) -> Slot:
         return self.queues[child.queue].slots[child.slot]
@@ -469,7 +535,7 @@ class Arbiter:
             slot.child = None
             if not child.reader.closed:
                 self._consume_lines(child)
-            self._release_child(self.queues[child.queue], child)
+            self._release_child(self.queues[child.queue], child, drained=True)
             child.sock.close()
 
     # --- the beat ------------------------------------------------------------------------
@@ -559,6 +625,7 @@ class Arbiter:
         each may hold outcomes it could not settle. Leases in hand are extended at once and
         the reap waits a beat: leases that ran out during the outage belong to jobs that
         are running or settling now, not to dead processes."""
+        self._retry_releases(rt)
         for slot in rt.slots:
             if slot.child is None and slot.respawn_at is not None:
                 slot.respawn_at = min(slot.respawn_at, now)
@@ -614,6 +681,8 @@ class Arbiter:
                 self._declare_queue(rt)  # the probe: a write, refused while writes are
                 found = False
             else:
+                if rt.unreleased:  # before a reap could charge their leases a stall
+                    self._retry_releases(rt)
                 parked = any(c.state in ("idle", "starting") for c in rt.children)
                 found = rt.metronome.pump(now, disarmed=not parked)
         except UNAVAILABLE_ERRORS as exc:
@@ -652,6 +721,8 @@ class Arbiter:
     def _extend_leases(self) -> None:
         for rt in self.queues.values():
             held = [h.pair for child in rt.children for h in child.holdings.entries()]
+            held += [pair for kind, pairs, _ in rt.unreleased if kind == "jobs"
+                     for pair in pairs]
             if not held:
                 continue
             try:

@@ -30,6 +30,7 @@ class Child:
     sock: socket.socket
     reader: protocol.LineReader
     holdings: Holdings
+    claimer: str = ""  # its name in its claims' record (claim.lua), for jobs it never held
     state: str = "starting"
     timed_out: dict[str, float] = field(default_factory=dict)  # job id -> limit it passed
     started_at: float = field(default_factory=time.monotonic)
@@ -66,14 +67,16 @@ def fork_child(queue: str, slot: int, redis_url: str, settings: QueueSettings,
     listener) before the child builds its own clients."""
     parent_end, child_end = socket.socketpair()
     holdings = Holdings(max_held(settings.concurrency, settings.claim_batch))
+    claimer = os.urandom(8).hex()
     pid = os.fork()
     if pid == 0:  # the child
         sever(parent_end)
         for callback in forget:
             callback()
         run_child(child_end, queue, redis_url, settings, handler, max_jobs, floor_url,
-                  holdings)
+                  holdings, claimer)
     child_end.close()
     parent_end.setblocking(False)
     return Child(queue=queue, slot=slot, pid=pid, sock=parent_end,
-                 reader=protocol.LineReader(parent_end.fileno()), holdings=holdings)
+                 reader=protocol.LineReader(parent_end.fileno()), holdings=holdings,
+                 claimer=claimer)

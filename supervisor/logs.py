@@ -8,7 +8,8 @@ import sys
 import time
 from typing import Any
 
-EVENT_FIELDS = ("event", "queue", "pid", "job_id", "exit", "signal", "delay_s", "count")
+EVENT_FIELDS = ("event", "queue", "pid", "job_id", "exit", "signal", "delay_s", "count",
+                "stalled")
 
 
 class JsonFormatter(logging.Formatter):

@@ -13,9 +13,11 @@ another replica's metronome was told about, and leases it took).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import redis
+from echomq.supervisor.logs import event
 
 from echomq import scripts
 from echomq.config import QueueSettings
@@ -25,6 +27,7 @@ from echomq.wake import Doorbell
 SAFETY_BEATS = 30  # promote at least this often (in beats) while idle
 PROMOTE_SLICE = 10  # promote calls per turn of the loop; a larger backlog takes more turns
 TRIM_LIMIT = 1000  # dead jobs dropped per call; more wait for the next turn
+log = logging.getLogger("echomq.supervisor")
 
 
 class Metronome:
@@ -125,6 +128,10 @@ class Metronome:
     def _reap(self, now: float) -> bool:
         requeued, buried, next_expiry, server_now = scripts.reap(self.client, self.keys)
         self.reaped += requeued + buried
+        if requeued + buried:  # each is a stall: a lease nobody extended ran out
+            event(log, "reap", "queue %s: %d lease(s) expired: requeued %d, buried %d",
+                  self.keys.queue, requeued + buried, requeued, buried,
+                  level=logging.WARNING, queue=self.keys.queue, count=requeued + buried)
         if next_expiry < 0:
             self.next_reap = now + self.lease_s
         else:

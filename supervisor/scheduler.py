@@ -84,7 +84,11 @@ class Scheduler:
         self.next_tick = 0.0
         self.next_restore = 0.0
         self.floor_retry_at = 0.0
-        self.sweep_offset: int | None = None  # folding the whole schedule set after election
+        # after a lapse of the fold lease: folding the schedule set, then the deferred jobs
+        # promoted meanwhile (on the lanes, then leased), a batch at a time
+        self.sweep_offset: int | None = None
+        self.sweep_phase = "schedule"
+        self.sweep_lanes: list[str] = []
         self.budget_end = 0.0
         self.rehydration: str | None = None  # our in-progress epoch token
         self.rehydrate_after: str | None = None
@@ -193,9 +197,9 @@ class Scheduler:
             return
         if int(lapsed):
             # jobs scheduled while nobody folded (no scheduler yet, or none for longer
-            # than the fold lease) reach the floor by a sweep of the schedule set, a
-            # batch per beat; a hand-over within the lease needs none
-            self.sweep_offset = 0
+            # than the fold lease) reach the floor by a sweep of the schedule set, the
+            # lanes and the leases, in slices; a hand-over within the lease needs none
+            self._start_sweep()
         if self.backlog + self.closed_backlog > self.max_backlog:
             self._drop_backlog()
             fold_len = closed_len = 0
@@ -214,7 +218,7 @@ class Scheduler:
         if now >= self.next_restore and not self._over_budget():
             self._restore_due(int(server_now))
             self.next_restore = now + self.restore_every_s
-        if self.sweep_offset is not None and not self._over_budget():
+        while self.sweep_offset is not None and not self._over_budget():
             self._sweep()
         if now >= self.next_orphan_check and not self._over_budget():
             self._close_orphans(now, epoch)
@@ -242,19 +246,20 @@ class Scheduler:
         self.client.delete(self.keys.fold, self.keys.closed)
         self.backlog_dropped += dropped
         self.backlog = self.closed_backlog = 0
-        self.sweep_offset = 0
+        self._start_sweep()
         self.next_orphan_check = 0.0
         event(log, "floor-backlog-dropped", "queue %s: %d log entries over the bound of %d "
               "dropped; the schedule set will be swept instead", self.queue, dropped,
               self.max_backlog, level=logging.WARNING, queue=self.queue, count=dropped)
 
-    def _rows(self, ids: Sequence[str], states: Sequence[str], spilled: bool = False
-              ) -> list[FloorRow]:
-        """Floor rows of the jobs among ``ids`` in one of ``states``; malformed ones are
+    def _rows(self, ids: Sequence[str], states: Sequence[str], spilled: bool = False,
+              deferred_only: bool = False) -> list[FloorRow]:
+        """Floor rows of the jobs among ``ids`` in one of ``states`` (with
+        ``deferred_only``, of those that were deferred or retried); malformed ones are
         set aside (dead, with the reason) instead of stopping the scheduler."""
         rows, bad = [], []
         for job_id, h in zip(ids, self._hashes(ids), strict=True):
-            if h.get("state") not in states:
+            if h.get("state") not in states or (deferred_only and h.get("deferred") != "1"):
                 continue
             due = _due_ms(h)
             if due is None:
@@ -322,15 +327,63 @@ class Scheduler:
         else:
             self.orphan_after = rows[-1].job_id
 
+    def _start_sweep(self) -> None:
+        self.sweep_offset = 0
+        self.sweep_phase = "schedule"
+        self.sweep_lanes = []
+
     def _sweep(self) -> None:
-        """Fold one batch of the schedule set; idempotent with the fold log."""
+        """Fold one batch of jobs nobody folded: the schedule set's first, then those
+        promoted meanwhile, on the lanes, then leased (the way jobs move, so one that
+        moves on during the sweep is met again). Idempotent with the fold log."""
         assert self.sweep_offset is not None
-        ids = [_text(x) for x in self.client.zrange(
-            self.keys.schedule, self.sweep_offset, self.sweep_offset + BATCH - 1)]
-        rows = self._rows(ids, ("scheduled",))
+        start, end = self.sweep_offset, self.sweep_offset + BATCH - 1
+        if self.sweep_phase == "schedule":
+            ids = [_text(x) for x in self.client.zrange(self.keys.schedule, start, end)]
+            rows = self._rows(ids, ("scheduled",))
+        elif self.sweep_phase == "lanes":
+            if not self.sweep_lanes:
+                self._next_sweep_phase()
+                return
+            ids = [_text(x) for x in self.client.lrange(self.sweep_lanes[-1], start, end)]
+            rows = self._rows(ids, ("waiting",), deferred_only=True)
+        else:
+            ids = [_text(x) for x in self.client.zrange(self.keys.leases, start, end)]
+            rows = self._rows(ids, ("active",), deferred_only=True)
         self.floor.upsert(self.queue, rows, self.fence)
         self.folded += len(rows)
-        self.sweep_offset = None if len(ids) < BATCH else self.sweep_offset + BATCH
+        if len(ids) == BATCH:
+            self.sweep_offset += BATCH
+        elif self.sweep_phase == "lanes" and len(self.sweep_lanes) > 1:
+            self.sweep_lanes.pop()
+            self.sweep_offset = 0
+        else:
+            self._next_sweep_phase()
+
+    def _next_sweep_phase(self) -> None:
+        self.sweep_offset = 0
+        if self.sweep_phase == "schedule":
+            self.sweep_phase = "lanes"
+            self.sweep_lanes = self._lane_lists()
+        elif self.sweep_phase == "lanes":
+            self.sweep_phase = "leases"
+            self.sweep_lanes = []
+        else:
+            self.sweep_offset = None
+            self.sweep_phase = "schedule"
+
+    def _lane_lists(self) -> list[str]:
+        """The list keys of every lane holding waiting jobs: on the plain ring, on each
+        priority's ring, and those taken off a ring at a flow limit."""
+        keys = [self.keys.lane(_text(x)) for x in self.client.lrange(self.keys.ring, 0, -1)]
+        for level in self.client.zrange(self.keys.prios, 0, -1):
+            p = int(_text(level))
+            keys += [self.keys.lane(_text(x), p)
+                     for x in self.client.lrange(self.keys.ring_of(p), 0, -1)]
+        for entry in self.client.smembers(self.keys.blocked):
+            p, _, lane = _text(entry).partition("|")
+            keys.append(self.keys.lane(lane, int(p)))
+        return keys
 
     def _floor_down(self, now: float, exc: Exception) -> None:
         self.floor_failures += 1

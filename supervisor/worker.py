@@ -49,7 +49,7 @@ class Worker:
     def __init__(self, sock: socket.socket, queue: str, redis_url: str,
                  settings: QueueSettings, handler: Callable[..., Any],
                  max_jobs: int | None, floor_url: str | None = None,
-                 holdings: Holdings | None = None) -> None:
+                 holdings: Holdings | None = None, claimer: str = "") -> None:
         self.sock = sock
         self.holdings = holdings or Holdings(max_held(settings.concurrency, settings.claim_batch))
         self.queue = queue
@@ -57,6 +57,7 @@ class Worker:
         self.max_jobs = max_jobs
         self.client = client_from_url(redis_url)
         self.lanes = Lanes(self.client, Keys(queue), settings)
+        self.lanes.claimer = claimer  # the parent hands back what it claimed but never held
         self.runner = Runner(queue, handler, settings, progress=self.lanes.progress)
         self.stopping = False
         self.jobs_run = 0
@@ -257,14 +258,15 @@ class Worker:
 
 def run_child(sock: socket.socket, queue: str, redis_url: str, settings: QueueSettings,
               handler: Callable[..., Any], max_jobs: int | None,
-              floor_url: str | None = None, holdings: Holdings | None = None) -> NoReturn:
+              floor_url: str | None = None, holdings: Holdings | None = None,
+              claimer: str = "") -> NoReturn:
     """Entry point right after fork: serve, then leave without running the parent's atexit."""
     code = protocol.EXIT_OK
     random.seed()
     try:
         try:
             worker = Worker(sock, queue, redis_url, settings, handler, max_jobs, floor_url,
-                            holdings)
+                            holdings, claimer)
             worker.boot()
         except Exception as exc:  # before READY: say BOOTFAIL, whatever the exit code says
             log.error("queue %s: consumer could not start: %s: %s", queue,

@@ -9,6 +9,7 @@ successor's work.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -68,6 +69,9 @@ class Floor:
         self._engine = engine
         self._writer = engine.execution_options(**{WRITE_OPTION: True})
         self._pg = engine.dialect.name == "postgresql"
+        # SQLite keeps per-process lock state a forked child inherits: a child forked while
+        # a transaction here is open believes that lock held for good (see pause_for_fork)
+        self._gate = None if self._pg else _ForkGate()
         self._password = engine.url.password
         self.url_redacted = redact_url(engine.url)
 
@@ -76,6 +80,23 @@ class Floor:
         """Open a floor on ``sqlite:///PATH`` or ``postgresql://...`` (connects lazily).
         ``engine_options`` go to :func:`make_engine` (busy_timeout_ms, connect_timeout_s)."""
         return cls(make_engine(url, **engine_options))
+
+    def pause_for_fork(self) -> bool:
+        """Before ``os.fork()``: True when no call is under way; every pooled SQLite
+        connection is then closed (nothing of SQLite's state crosses the fork) and calls
+        wait until :meth:`resume_after_fork`. False when a call is under way: fork later.
+        Always True on PostgreSQL (its connections are sockets the child forgets)."""
+        if self._gate is None:
+            return True
+        if not self._gate.pause():
+            return False
+        self._engine.dispose()
+        return True
+
+    def resume_after_fork(self) -> None:
+        """In the parent, after the fork that :meth:`pause_for_fork` allowed."""
+        if self._gate is not None:
+            self._gate.resume()
 
     def forget_after_fork(self) -> None:
         """In a forked child: drop the pool without closing the parent's connections."""
@@ -355,6 +376,15 @@ class Floor:
     @contextmanager
     def _guard(self, action: str) -> Iterator[None]:
         """Re-raise driver errors as FloorError, with the URL's password hidden."""
+        if self._gate is not None:
+            with self._gate.call(), self._guard_errors(action):
+                yield
+            return
+        with self._guard_errors(action):
+            yield
+
+    @contextmanager
+    def _guard_errors(self, action: str) -> Iterator[None]:
         try:
             yield
         except DBAPIError as exc:
@@ -447,6 +477,39 @@ class Floor:
             return script.get_revision(revision) is not None
         except CommandError:
             return False
+
+
+class _ForkGate:
+    """Counts the SQLite calls under way; a fork may pause new ones while none runs."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.calls = 0
+        self.paused = False
+
+    @contextmanager
+    def call(self) -> Iterator[None]:
+        with self.cond:
+            while self.paused:  # a fork under way: microseconds
+                self.cond.wait()
+            self.calls += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.calls -= 1
+
+    def pause(self) -> bool:
+        with self.cond:
+            if self.calls:
+                return False
+            self.paused = True
+            return True
+
+    def resume(self) -> None:
+        with self.cond:
+            self.paused = False
+            self.cond.notify_all()
 
 
 def _script_location() -> str:

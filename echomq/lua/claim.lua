@@ -5,12 +5,19 @@
   that lane, so a lane with 10,000 jobs and a lane with 1 alternate. A lane
   left empty leaves the ring. Each claimed job gets attempts + 1, a fresh
   lease token and a lease in the leases zset, expiring lease_ms from the
-  server's clock. Ids whose hash is missing are dropped. With the chain
+  server's clock. Ids whose hash is missing are dropped. A job marked to run
+  alone (released as a suspect of a process crash, see reap.lua) says so in
+  its reply, and the mark goes: a crash during that lone run is its own. With the chain
   flag, the doorbell rings when lanes still hold work after the claim, so a
   burst admitted with one ring wakes parked consumers one after another
   instead of one consumer taking it all. A paused queue (the pause flag
   exists) hands out nothing. The lane list and the job hash are built from
-  the prefix inside the script.
+  the prefix inside the script. With a claimer name, the ids and tokens
+  handed out are also appended to "<prefix>claims:<claimer>" (the newest
+  `keep` pairs kept, expiring ten leases after the last claim, so that it
+  outlives an outage that outlived the leases): a supervisor whose consumer
+  died before it could record a claim's reply hands those jobs back at once,
+  uncharged, instead of waiting for their leases to expire.
 
   Flow control (only when the limits hash or the priority set exists; a queue
   using neither runs the loop above and nothing else): the rings of priority
@@ -45,11 +52,14 @@
     ARGV[2] lease_ms
     ARGV[3] count, the most jobs to claim
     ARGV[4] chain: "1" to ring when work remains after this claim
+    ARGV[5] claimer: the consumer's name, '' for no record (optional)
+    ARGV[6] keep: the most pairs the record keeps (with a claimer)
 
   Output:
-    a flat array, 11 values per claimed job:
+    a flat array, 12 values per claimed job:
     id, token, name, payload, lane, attempts, max_attempts, backoff, created_ms,
-    timeout_ms ('' when the job has no time limit of its own), trace ('' for none)
+    timeout_ms ('' when the job has no time limit of its own), trace ('' for none),
+    alone ('1' when the job must run with no other job beside it in its process)
 ]]
 if redis.call('EXISTS', KEYS[6]) == 1 then return {} end
 local t = redis.call('TIME')
@@ -61,6 +71,7 @@ local out = {}
 local claimed = 0
 local turns = 0
 local token_base = nil  -- one INCRBY reserves the tokens of the whole batch
+local record = {}  -- id, token pairs for the claimer's record
 local popped = 0
 local remains = false
 local skipped_out = false
@@ -70,7 +81,7 @@ local function take(id, lane, held)
   popped = popped + 1
   local jk = prefix .. 'job:' .. id
   local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
-    'backoff', 'created_ms', 'timeout_ms', 'trace')
+    'backoff', 'created_ms', 'timeout_ms', 'trace', 'alone')
   if not f[1] then return nil end
   if not token_base then
     -- tokens never fall behind the server clock in us, so a counter that restarts
@@ -93,6 +104,7 @@ local function take(id, lane, held)
       'started_ms', now)
   end
   redis.call('ZADD', KEYS[2], expiry, id)
+  if f[9] then redis.call('HDEL', jk, 'alone') end
   local n = #out
   out[n + 1] = id
   out[n + 2] = token
@@ -105,6 +117,9 @@ local function take(id, lane, held)
   out[n + 9] = f[6] or '0'
   out[n + 10] = f[7] or ''
   out[n + 11] = f[8] or ''
+  out[n + 12] = f[9] or ''
+  record[2 * claimed + 1] = id
+  record[2 * claimed + 2] = token
   claimed = claimed + 1
   return jk, token
 end
@@ -255,6 +270,12 @@ else
   end
 end
 if popped > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', -popped) end
+if claimed > 0 and ARGV[5] and ARGV[5] ~= '' then
+  local ck = prefix .. 'claims:' .. ARGV[5]
+  redis.call('RPUSH', ck, unpack(record))
+  redis.call('LTRIM', ck, -2 * tonumber(ARGV[6]), -1)
+  redis.call('PEXPIRE', ck, 10 * tonumber(ARGV[2]))
+end
 -- a claim that stopped at its cap of skipped lanes rings whatever it claimed, so the
 -- next claim goes on through the ring
 if (ARGV[4] == '1' and claimed > 0 or skipped_out) and remains then

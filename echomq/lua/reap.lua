@@ -9,6 +9,9 @@
     "stall"     stalls + 1; past max_stalls the job goes dead instead
     "requeue"   nothing (a drain that ran out of time)
     "unstarted" attempts - 1 (the job never began, or its run is not charged)
+    "suspect"   as "unstarted", and marks the job to run alone on its next claim:
+                it was one of several running in a process that died, and which
+                of them killed it is not known
   Given pairs go back to the head of their lanes in the order given (the
   first pair ends up first).
   Rings the doorbell when any job became claimable, and a buried job's result
@@ -29,7 +32,7 @@
     (stats field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] limit
-    ARGV[3] mode: "stall", "requeue" or "unstarted"
+    ARGV[3] mode: "stall", "requeue", "unstarted" or "suspect"
     ARGV[4..] optional pairs: id, token
 
   Output:
@@ -97,7 +100,10 @@ for _, id in ipairs(ids) do
       buried = buried + 1
     else
       redis.call('HSET', jk, 'state', 'waiting', 'stalls', stalls)
-      if mode == 'unstarted' then redis.call('HINCRBY', jk, 'attempts', -1) end
+      if mode == 'unstarted' or mode == 'suspect' then
+        redis.call('HINCRBY', jk, 'attempts', -1)
+      end
+      if mode == 'suspect' then redis.call('HSET', jk, 'alone', '1') end
       redis.call('HDEL', jk, 'token', 'held')
       local lk = prefix .. 'lane:' .. f[1]
       if p ~= '0' then lk = prefix .. 'lane' .. p .. ':' .. f[1] end

@@ -105,3 +105,50 @@ def test_sqlite_two_processes_write_concurrently(tmp_path: Path) -> None:
     with Floor.from_url(url) as floor:
         assert floor.count("q") == 3 * 60 * 15
         assert floor.count("q", spilled=True) == 3 * 60 * 5
+
+
+def _write_in_child(url: str) -> int:
+    """In a forked child: a floor of its own writes a row; the exit code says how it went."""
+    floor = Floor.from_url(url, busy_timeout_ms=1000)
+    try:
+        floor.write_through("q", [FloorRow("child", 1, {"state": "scheduled"})])
+    except FloorError:
+        return 1
+    finally:
+        floor.dispose()
+    return 0
+
+
+def test_a_process_forked_while_a_floor_transaction_runs_can_write_the_floor(
+        tmp_path: Path) -> None:
+    import os
+    import threading
+
+    url = f"sqlite:///{tmp_path / 'floor.db'}"
+    floor = Floor.from_url(url)
+    floor.upgrade()
+    floor.upsert("q", [FloorRow("due", 1, {"state": "scheduled"}, spilled=True)], 1)
+    inside, leave = threading.Event(), threading.Event()
+
+    def apply(rows: list[FloorRow]) -> None:  # holds restore_due's write transaction open
+        inside.set()
+        leave.wait(10)
+
+    holder = threading.Thread(target=floor.restore_due, args=("q", 10, 10, 1, apply))
+    holder.start()
+    assert inside.wait(10)
+    assert not floor.pause_for_fork()  # a transaction is open: no fork now
+    leave.set()
+    holder.join(10)
+    assert floor.pause_for_fork()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            floor.forget_after_fork()
+            os._exit(_write_in_child(url))
+    finally:
+        floor.resume_after_fork()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert floor.count("q") == 2
+    floor.dispose()

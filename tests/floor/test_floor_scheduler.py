@@ -228,10 +228,6 @@ def test_leadership_is_renewed_while_the_floor_backs_off(
         assert client.pttl(sched.keys.leader) > 1000 and sched.fence is not None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "after the fold lease lapsed (no scheduler for longer than its grace, or the logs "
-    "dropped over max_backlog) the new leader sweeps only the schedule set: a retried job "
-    "promoted onto its lane meanwhile is never folded, and a Valkey loss loses it"))
 def test_a_retried_job_promoted_while_the_fold_lease_had_lapsed_survives_valkey_loss(
         floor: Floor, server: LocalRedis) -> None:
     client = redis.Redis.from_url(server.url)

@@ -26,7 +26,8 @@ def _ledger() -> redis.Redis:
 def record(job) -> str:  # type: ignore[no-untyped-def]
     """Payload options: sleep (s), exit (code, via os._exit), exit_first (the same on attempt
     1 only), stamp (push start time), gate (wait until the test pushes onto
-    ``ledger:<queue>:gate``, at most 30 s)."""
+    ``ledger:<queue>:gate``, at most 30 s), pause_writes (ms: the server postpones every
+    write for that long, from the job's return on; the job records no "done")."""
     r = _ledger()
     p = job.payload if isinstance(job.payload, dict) else {}
     r.rpush(f"ledger:{job.queue}:started", f"{job.id}:{os.getpid()}:{job.attempts}")
@@ -34,6 +35,9 @@ def record(job) -> str:  # type: ignore[no-untyped-def]
         r.rpush(f"ledger:{job.queue}:stamps", repr(time.time()))
     if p.get("fail_first") and job.attempts == 1:
         raise RuntimeError("first attempt fails")
+    if p.get("pause_writes"):
+        r.execute_command("CLIENT", "PAUSE", int(p["pause_writes"]), "WRITE")
+        return "paused"
     if "exit" in p:
         os._exit(int(p["exit"]))
     if p.get("gate"):

@@ -52,7 +52,7 @@ def test_200_sync_jobs_of_200_ms_finish_in_under_2_s_in_one_process_of_threads(
     assert time.monotonic() - t0 < 2.0
 
 
-def test_sigkill_a_child_running_20_jobs_returns_exactly_those_each_counted_once(
+def test_sigkill_a_child_running_20_jobs_returns_exactly_those_uncharged_to_run_alone(
         supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     sup = supervisor(redis_url, queue_name, "--processes", "1", "--concurrency", "20",
@@ -63,15 +63,18 @@ def test_sigkill_a_child_running_20_jobs_returns_exactly_those_each_counted_once
     [pid] = {p for _, p, _ in _started(r, queue_name)}
     psutil.Process(pid).kill()
     sup.wait_for_log(rf"consumer {pid} killed by SIGKILL, released 20 job")
+    # which of the 20 killed it is not known: none is charged, each runs alone next time
     for job_id in ids:
         job = q.get(job_id)
         assert job is not None
-        assert job.stalls == (1 if job_id in running else 0), job
+        assert job.stalls == 0, job
+        assert r.hget(f"emq:{{{queue_name}}}:job:{job_id}", "alone") == (
+            b"1" if job_id in running else None)
     r.rpush(f"ledger:{queue_name}:gate", *([1] * 60))
-    wait_until(lambda: q.counts()["completed"] == 30, 20, "every job to complete")
+    wait_until(lambda: q.counts()["completed"] == 30, 30, "every job to complete")
     runs = Counter(job_id for job_id, _, _ in _started(r, queue_name))
     assert {job_id for job_id, n in runs.items() if n == 2} == running
-    assert all(q.get(j).stalls == (1 if j in running else 0) for j in ids)  # type: ignore[union-attr]
+    assert all(q.get(j).stalls == 0 for j in ids)  # type: ignore[union-attr]
 
 
 def test_sigterm_with_50_in_flight_finishes_them_and_exits_zero(

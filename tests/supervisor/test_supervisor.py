@@ -13,7 +13,6 @@ from collections import Counter
 from collections.abc import Callable
 
 import psutil
-import pytest
 import redis
 from echomq.supervisor.localredis import LocalRedis, free_port
 
@@ -321,10 +320,6 @@ def test_sighup_rolls_every_consumer(supervisor: Start, redis_url: str, queue_na
     assert r.llen(f"ledger:{queue_name}:started") == 1  # finished, not killed and rerun
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "after other supervisor tests in the same session, the worker's retry write-through meets "
-    "'database is locked' on the SQLite floor (the scheduler's thread holds the write lock "
-    "for seconds) and the row arrives with the next fold instead; passes when run alone"))
 def test_sync_dial_writes_a_retry_to_the_floor_at_once(
         supervisor: Start, redis_url: str, queue_name: str, tmp_path: object) -> None:
     import subprocess
