@@ -9,7 +9,9 @@ threads inside a floor SQLite connection (checked out of the engine's pool, or
 being opened); a fork first stops new entries and waits for the others to leave,
 so the child starts with every SQLite mutex free. The forking thread's own
 connections do not make it wait; a thread that stays inside longer than
-``WAIT_S`` is logged and the fork goes on.
+``WAIT_S`` is logged and the fork goes on. A forker that must not block (the
+supervisor's loop) asks :meth:`ForkGate.try_pause` first and forks later when
+a thread is inside.
 """
 
 from __future__ import annotations
@@ -53,6 +55,20 @@ class ForkGate:
             else:
                 self._inside.pop(token, None)
             self._cond.notify_all()
+
+    def try_pause(self) -> bool:
+        """Without waiting: stop new entries and return True when no other thread is inside
+        SQLite (fork, then :meth:`resume`); False when one is (try again later)."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._inside.keys() - {me}:
+                return False
+            self._forking = True
+            return True
+
+    def resume(self) -> None:
+        """Let threads enter SQLite again after the fork :meth:`try_pause` allowed."""
+        self.after_fork_in_parent()
 
     def before_fork(self) -> None:
         """Stop new entries and wait (up to WAIT_S) for other threads to leave SQLite."""

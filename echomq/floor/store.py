@@ -9,7 +9,6 @@ successor's work.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from sqlalchemy.exc import DBAPIError
 
 from echomq.errors import FloorError, FloorSchemaError, StaleFence
 from echomq.floor.engine import WRITE_OPTION, make_engine, redact_url
+from echomq.floor.forkgate import GATE
 from echomq.floor.schema import VERSION_TABLE, crons, fences, jobs
 
 # Ids per IN (...) list: well under SQLite's and PostgreSQL's bound-parameter limits.
@@ -71,7 +71,7 @@ class Floor:
         self._pg = engine.dialect.name == "postgresql"
         # SQLite keeps per-process lock state a forked child inherits: a child forked while
         # a transaction here is open believes that lock held for good (see pause_for_fork)
-        self._gate = None if self._pg else _ForkGate()
+        self._sqlite = not self._pg  # forks must wait for its calls (echomq.floor.forkgate)
         self._password = engine.url.password
         self.url_redacted = redact_url(engine.url)
 
@@ -86,17 +86,17 @@ class Floor:
         connection is then closed (nothing of SQLite's state crosses the fork) and calls
         wait until :meth:`resume_after_fork`. False when a call is under way: fork later.
         Always True on PostgreSQL (its connections are sockets the child forgets)."""
-        if self._gate is None:
+        if not self._sqlite:
             return True
-        if not self._gate.pause():
+        if not GATE.try_pause():
             return False
         self._engine.dispose()
         return True
 
     def resume_after_fork(self) -> None:
         """In the parent, after the fork that :meth:`pause_for_fork` allowed."""
-        if self._gate is not None:
-            self._gate.resume()
+        if self._sqlite:
+            GATE.resume()
 
     def forget_after_fork(self) -> None:
         """In a forked child: drop the pool without closing the parent's connections."""
@@ -376,10 +376,6 @@ class Floor:
     @contextmanager
     def _guard(self, action: str) -> Iterator[None]:
         """Re-raise driver errors as FloorError, with the URL's password hidden."""
-        if self._gate is not None:
-            with self._gate.call(), self._guard_errors(action):
-                yield
-            return
         with self._guard_errors(action):
             yield
 
@@ -477,39 +473,6 @@ class Floor:
             return script.get_revision(revision) is not None
         except CommandError:
             return False
-
-
-class _ForkGate:
-    """Counts the SQLite calls under way; a fork may pause new ones while none runs."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.calls = 0
-        self.paused = False
-
-    @contextmanager
-    def call(self) -> Iterator[None]:
-        with self.cond:
-            while self.paused:  # a fork under way: microseconds
-                self.cond.wait()
-            self.calls += 1
-        try:
-            yield
-        finally:
-            with self.cond:
-                self.calls -= 1
-
-    def pause(self) -> bool:
-        with self.cond:
-            if self.calls:
-                return False
-            self.paused = True
-            return True
-
-    def resume(self) -> None:
-        with self.cond:
-            self.paused = False
-            self.cond.notify_all()
 
 
 def _script_location() -> str:
