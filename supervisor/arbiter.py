@@ -89,10 +89,12 @@ class QueueRuntime:
 
     @property
     def children(self) -> list[Child]:
+        """The queue's live consumer processes."""
         return [s.child for s in self.slots if s.child is not None]
 
     @property
     def healthy(self) -> bool:
+        """True while Valkey takes this queue's writes (no refusal, no outage)."""
         return self.availability.ok
 
 
@@ -140,6 +142,7 @@ class Arbiter:
     # --- lifecycle -------------------------------------------------------------------
 
     def run(self) -> int:
+        """Run until a stop signal and the drain end; returns the exit code."""
         self.signals = SignalPipe()
         self.selector.register(self.signals.fileno(), selectors.EVENT_READ, "signals")
         self.forget_in_child.append(self.signals.forget_in_child)

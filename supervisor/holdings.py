@@ -49,6 +49,7 @@ class Held:
 
     @property
     def pair(self) -> tuple[str, str]:
+        """The (job id, lease token) pair the scripts take."""
         return self.job_id, self.token
 
 

@@ -111,6 +111,7 @@ class Scheduler:
     # --- the arbiter's interface ---------------------------------------------------
 
     def deadline(self) -> float:
+        """When the scheduler must next act: its beat or the next cron occurrence."""
         return min(self.next_tick, self.next_cron)
 
     def tick(self, now: float) -> None:
@@ -134,6 +135,7 @@ class Scheduler:
                   queue=self.queue)
 
     def snapshot(self) -> dict[str, Any]:
+        """Figures for /readyz and /metrics: floor state, leadership, folded, spilled, crons."""
         if not self.has_floor:  # crons alone
             return {"floor": "none", "leader": self.fence is not None,
                     "crons": len(self.crontab.specs), "cron_fired": self.crontab.fired}
@@ -148,6 +150,7 @@ class Scheduler:
         }
 
     def close(self) -> None:
+        """Hand the leadership on at once, if this replica holds it."""
         if self.fence is not None:
             try:  # hand leadership on at once instead of after the lease runs out
                 held = self.client.get(self.keys.leader)
@@ -566,18 +569,21 @@ class SchedulerThread:
         self._thread.start()
 
     def deadline(self) -> float:
+        """Never due: the thread keeps its own deadline."""
         return math.inf
 
     def tick(self, now: float) -> None:
         """Nothing: the thread keeps the beat."""
 
     def snapshot(self) -> dict[str, Any]:
+        """The scheduler's latest figures, safe to read from the arbiter's thread."""
         snap = self.scheduler.snapshot()
         started = self.beat_started
         snap["beat_running_s"] = round(time.monotonic() - started, 3) if started else 0.0
         return snap
 
     def close(self) -> None:
+        """Stop the thread (waiting a bounded time) and close the scheduler."""
         self._stop.set()
         self._thread.join(self.JOIN_S)  # a beat stuck past its timeouts is left to exit with us
         self.scheduler.close()

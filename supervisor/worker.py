@@ -187,14 +187,17 @@ class Worker:
     # --- drain hooks ---------------------------------------------------------------
 
     def stop_requested(self) -> bool:
+        """Drain hook: True once a stop was asked for or the process is due to recycle."""
         return self.stopping or self._recycle_due()
 
     def on_batch(self, batch: Sequence[Claimed]) -> None:
+        """Drain hook: hold the claimed batch in the table the supervisor reads."""
         self.claimed_at = time.perf_counter()
         self._send_observations(force=False)
         self.holdings.hold((c.id, c.token) for c in batch)
 
     def on_start(self, claimed: Claimed, in_thread: bool = True) -> None:
+        """Drain hook: mark the job running (and its time limit) in the shared table."""
         self.report_wait_us += int((time.perf_counter() - self.claimed_at) * 1e6)
         self.jobs_run += 1
         self.report_jobs += 1
@@ -207,12 +210,15 @@ class Worker:
         self.holdings.start(claimed.id, deadline, timeout or 0.0)
 
     def on_finish(self, claimed: Claimed) -> None:
+        """Drain hook: mark the job finished, its outcome not settled yet."""
         self.holdings.finish(claimed.id)
 
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Drain hook: these jobs went back unstarted; drop them from the table."""
         self.holdings.drop(job_id for job_id, _ in pairs)
 
     def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
+        """Drain hook: drop settled jobs and write their retries through to the floor."""
         self.holdings.drop(o.job_id for o in outcomes)
         self._write_retries(outcomes, codes)
 
@@ -231,11 +237,13 @@ class Worker:
                         len(retries), exc)
 
     def on_dry(self) -> None:
+        """Drain hook: the queue ran dry; report IDLE (jobs run, wait time) to the parent."""
         self._send_observations(force=True)
         self._send(protocol.idle_line(self.report_jobs, self.report_wait_us))
         self.report_jobs = self.report_wait_us = 0
 
     def batch_size(self) -> int:
+        """Drain hook: the next claim's size, capped by the jobs left before a recycle."""
         size = self.runner.batch_size()
         if self.max_jobs is not None:
             size = max(1, min(size, self.max_jobs - self.jobs_run))
