@@ -10,12 +10,15 @@ far (none before a job has finished, at most half the slots), so jobs that
 run long are left for idle consumers. Buffered jobs are held (their leases
 extended) but not started: on a stop they are handed back unstarted,
 uncharged, and a consumer that dies holding them has them released the same
-way. Round trips go over an asyncio client of the loop's own,
-so the loop never blocks on the server, and a few may overlap: a job that
-finishes while one is under way starts the next at once instead of waiting
-for it (under load they batch by themselves). When a claim comes back short
-the drain is dry: it settles what finishes but claims again only with a
-settle, or when poked.
+way. A job buffered for half its lease period or longer is handed back
+instead of started: its lease may have run out meanwhile (nothing extended
+it: a stopped or cut-off supervisor) and the job been reaped and handed to
+another consumer, so starting it would run it twice. Round trips go over an
+asyncio client of the loop's own, so the loop never blocks on the server,
+and a few may overlap: a job that finishes while one is under way starts the
+next at once instead of waiting for it (under load they batch by
+themselves). When a claim comes back short the drain is dry: it settles what
+finishes but claims again only with a settle, or when poked.
 
 The owner either runs the loop in its own thread (:meth:`serve`, with a file
 descriptor to watch, as a forked consumer does with its pipe) or in a thread
@@ -56,6 +59,9 @@ MAX_ROUND_TRIPS = 3  # overlapping round trips at most; past that, outcomes batc
 # are left for idle consumers instead of waiting here
 PREFETCH_WAIT_S = 0.025
 RUN_TIME_WEIGHT = 0.1  # of each new job in the mean run time
+# a job buffered this share of its lease period (or longer) is handed back, not started: only
+# an extension kept its lease, and if none came it may have been reaped and claimed again
+STALE_BUFFER_SHARE = 0.5
 
 
 class ConcurrentDrain:
@@ -71,7 +77,10 @@ class ConcurrentDrain:
         # one has finished)
         self.max_prefetch = default_prefetch(concurrency) if prefetch is None else max(0, prefetch)
         self.mean_run_s: float | None = None
-        self.buffer: deque[Claimed] = deque()  # claimed, not started: they start as slots free
+        # claimed, not started (with when their claim came back, loop time): they start as
+        # slots free, unless buffered for STALE_BUFFER_SHARE of a lease period
+        self.buffer: deque[tuple[Claimed, float]] = deque()
+        self.stale_after_s = lanes.settings.lease_ms / 1000 * STALE_BUFFER_SHARE
         self.handback: list[tuple[str, str]] = []  # unstarted jobs to release (when stopping)
         self.loop = asyncio.new_event_loop()
         self.threads = ThreadPoolExecutor(concurrency, thread_name_prefix="echomq-job")
@@ -173,7 +182,7 @@ class ConcurrentDrain:
     def _hand_back_buffer(self) -> None:
         """Claimed jobs that have not started go back to their lanes, unstarted."""
         while self.buffer:
-            claimed = self.buffer.popleft()
+            claimed, _ = self.buffer.popleft()
             self.handback.append((claimed.id, claimed.token))
 
     def _set_wake(self) -> None:
@@ -224,12 +233,13 @@ class ConcurrentDrain:
             # jobs held or on their way: running, buffered, finished, settling, being claimed
             room = self.concurrency + self.prefetch() - (
                 len(self.in_flight) + len(self.buffer) + len(self.done) + self.settling
-                + self.claiming)
+                + self.claiming + len(self.handback))
             # a settle carries a claim for the free room even when dry: it costs no round trip
             claim = room > 0 and not self.stopping and (not self.dry or bool(self.done))
             if ((not self.done and not claim and not self.handback)
                     or len(self.trips) >= MAX_ROUND_TRIPS):
-                if self.dry and not (self.in_flight or self.buffer or self.done or self.trips):
+                if self.dry and not (self.in_flight or self.buffer or self.done or self.trips
+                                     or self.handback):
                     self._tell_quiet()
                 await self._wait()
                 continue
@@ -335,19 +345,28 @@ class ConcurrentDrain:
         if not batch:
             return
         self.hooks.on_batch(batch)
-        self.buffer.extend(batch)
+        now = self.loop.time()
+        self.buffer.extend((claimed, now) for claimed in batch)
         if self.stopping:
             self._hand_back_buffer()
         else:
             self._fill()
 
     def _fill(self) -> None:
-        """Start buffered jobs in the free slots."""
+        """Start buffered jobs in the free slots; hand back those buffered so long that
+        their leases may have run out (the next round trip releases them, which a job
+        reaped meanwhile refuses)."""
+        stale_before = self.loop.time() - self.stale_after_s
         while self.buffer and len(self.in_flight) < self.concurrency:
             if self.hooks.stop_requested():
                 self._on_stop()
                 return
-            self._start(self.buffer.popleft())
+            claimed, taken_at = self.buffer.popleft()
+            if taken_at <= stale_before:
+                self.handback.append((claimed.id, claimed.token))
+                self._set_wake()
+                continue
+            self._start(claimed)
 
     def _start(self, claimed: Claimed) -> None:
         prepared = self.runner.prepare(claimed)
