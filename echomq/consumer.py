@@ -155,7 +155,9 @@ class Consumer:
                     elif work or burst:
                         self._drainer.run()
                         work = False
-                    if burst or self._stopping:
+                    # a claim that stopped after 1,000 lanes at their limit came back empty
+                    # with lanes still on the rings: a burst goes on until they are empty
+                    if self._stopping or burst and not self.lanes.rings_hold_lanes():
                         break
                     now = time.monotonic()
                     timeout = min(next_promote - now, next_reap - now)
