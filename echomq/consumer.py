@@ -268,8 +268,10 @@ class Consumer:
 
     def _unhold(self, pairs: Sequence[tuple[str, str]]) -> None:
         with self._held_lock:
-            for job_id, _ in pairs:
-                self._held.pop(job_id, None)
+            for job_id, token in pairs:
+                # held again under a newer token (the old lease was reaped): keep that one
+                if self._held.get(job_id) == token:
+                    del self._held[job_id]
 
     def _release_held(self, mode: str) -> None:
         with self._held_lock:
