@@ -84,7 +84,9 @@ class ConcurrentDrain:
         self.handback: list[tuple[str, str]] = []  # unstarted jobs to release (when stopping)
         self.loop = asyncio.new_event_loop()
         self.threads = ThreadPoolExecutor(concurrency, thread_name_prefix="echomq-job")
-        self.in_flight: dict[str, asyncio.Task[None]] = {}
+        # by (job id, token): a job claimed again after its old lease was reaped may run
+        # twice here at once, and each run is its own
+        self.in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.done: list[Outcome] = []  # finished, not settled yet
         self.trips: set[asyncio.Task[None]] = set()  # round trips under way
         self.settling = 0  # outcomes in those round trips
@@ -378,14 +380,14 @@ class ConcurrentDrain:
         job, fn = prepared
         self.hooks.on_start(claimed, in_thread=not is_async(fn))
         task = self.loop.create_task(self._run_one(claimed, job, fn))
-        self.in_flight[claimed.id] = task
+        self.in_flight[claimed.id, claimed.token] = task
 
     async def _run_one(self, claimed: Claimed, job: Any, fn: Callable[..., Any]) -> None:
         started = self.loop.time()
         try:
             outcome = await self.runner.run_async(claimed, job, fn, self.threads)
         finally:
-            self.in_flight.pop(claimed.id, None)
+            self.in_flight.pop((claimed.id, claimed.token), None)
         ran = self.loop.time() - started
         mean = self.mean_run_s
         self.mean_run_s = ran if mean is None else mean + RUN_TIME_WEIGHT * (ran - mean)
