@@ -10,12 +10,15 @@ far (none before a job has finished, at most half the slots), so jobs that
 run long are left for idle consumers. Buffered jobs are held (their leases
 extended) but not started: on a stop they are handed back unstarted,
 uncharged, and a consumer that dies holding them has them released the same
-way. Round trips go over an asyncio client of the loop's own,
-so the loop never blocks on the server, and a few may overlap: a job that
-finishes while one is under way starts the next at once instead of waiting
-for it (under load they batch by themselves). When a claim comes back short
-the drain is dry: it settles what finishes but claims again only with a
-settle, or when poked.
+way. A job buffered for half its lease period or longer is handed back
+instead of started: its lease may have run out meanwhile (nothing extended
+it: a stopped or cut-off supervisor) and the job been reaped and handed to
+another consumer, so starting it would run it twice. Round trips go over an
+asyncio client of the loop's own, so the loop never blocks on the server,
+and a few may overlap: a job that finishes while one is under way starts the
+next at once instead of waiting for it (under load they batch by
+themselves). When a claim comes back short the drain is dry: it settles what
+finishes but claims again only with a settle, or when poked.
 
 The owner either runs the loop in its own thread (:meth:`serve`, with a file
 descriptor to watch, as a forked consumer does with its pipe) or in a thread
@@ -56,6 +59,9 @@ MAX_ROUND_TRIPS = 3  # overlapping round trips at most; past that, outcomes batc
 # are left for idle consumers instead of waiting here
 PREFETCH_WAIT_S = 0.025
 RUN_TIME_WEIGHT = 0.1  # of each new job in the mean run time
+# a job buffered this share of its lease period (or longer) is handed back, not started: only
+# an extension kept its lease, and if none came it may have been reaped and claimed again
+STALE_BUFFER_SHARE = 0.5
 
 
 class ConcurrentDrain:
@@ -71,11 +77,13 @@ class ConcurrentDrain:
         # one has finished)
         self.max_prefetch = default_prefetch(concurrency) if prefetch is None else max(0, prefetch)
         self.mean_run_s: float | None = None
-        # claimed, not started: they start in claim order as slots free; a job marked to
-        # run alone waits until nothing runs and every outcome is settled (a crash must cost
-        # no other job anything), and nothing starts beside it (which of several jobs killed
-        # a process is not known)
-        self.buffer: deque[Claimed] = deque()
+        # claimed, not started (with when their claim came back, loop time): they start in
+        # claim order as slots free, unless buffered for STALE_BUFFER_SHARE of a lease
+        # period; a job marked to run alone waits until nothing runs and every outcome is
+        # settled (a crash must cost no other job anything), and nothing starts beside it
+        # (which of several jobs killed a process is not known)
+        self.buffer: deque[tuple[Claimed, float]] = deque()
+        self.stale_after_s = lanes.settings.lease_ms / 1000 * STALE_BUFFER_SHARE
         self.alone = False  # a job that must run alone is in flight
         # a claim failed on the way back: jobs the server leased may never have reached us;
         # they go back (uncharged) once no round trip is under way
@@ -83,7 +91,9 @@ class ConcurrentDrain:
         self.handback: list[tuple[str, str]] = []  # unstarted jobs to release (when stopping)
         self.loop = asyncio.new_event_loop()
         self.threads = ThreadPoolExecutor(concurrency, thread_name_prefix="echomq-job")
-        self.in_flight: dict[str, asyncio.Task[None]] = {}
+        # by (job id, token): a job claimed again after its old lease was reaped may run
+        # twice here at once, and each run is its own
+        self.in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.done: list[Outcome] = []  # finished, not settled yet
         self.trips: set[asyncio.Task[None]] = set()  # round trips under way
         self.settling = 0  # outcomes in those round trips
@@ -181,7 +191,7 @@ class ConcurrentDrain:
     def _hand_back_buffer(self) -> None:
         """Claimed jobs that have not started go back to their lanes, unstarted."""
         while self.buffer:
-            claimed = self.buffer.popleft()
+            claimed, _ = self.buffer.popleft()
             self.handback.append((claimed.id, claimed.token))
 
     def _set_wake(self) -> None:
@@ -241,12 +251,13 @@ class ConcurrentDrain:
             # jobs held or on their way: running, buffered, finished, settling, being claimed
             room = self.concurrency + self.prefetch() - (
                 len(self.in_flight) + len(self.buffer) + len(self.done) + self.settling
-                + self.claiming)
+                + self.claiming + len(self.handback))
             # a settle carries a claim for the free room even when dry: it costs no round trip
             claim = room > 0 and not self.stopping and (not self.dry or bool(self.done))
             if ((not self.done and not claim and not self.handback)
                     or len(self.trips) >= MAX_ROUND_TRIPS):
-                if self.dry and not (self.in_flight or self.buffer or self.done or self.trips):
+                if self.dry and not (self.in_flight or self.buffer or self.done or self.trips
+                                     or self.handback):
                     self._tell_quiet()
                 await self._wait()
                 continue
@@ -332,8 +343,8 @@ class ConcurrentDrain:
         """Hand back the jobs our claims leased that we do not hold (Lanes.release_unheld)."""
         if not self.lanes.claimer:
             return
-        held = {*self.in_flight, *(c.id for c in self.buffer), *(o.job_id for o in self.done),
-                *(job_id for job_id, _ in self.handback)}
+        held = {*(job_id for job_id, _ in self.in_flight), *(c.id for c, _ in self.buffer),
+                *(o.job_id for o in self.done), *(job_id for job_id, _ in self.handback)}
         raw = await self.aclient.lrange(self.lanes.keys.claims(self.lanes.claimer), 0, -1)
         unheld = unheld_claims(raw, held)
         if unheld:
@@ -367,7 +378,8 @@ class ConcurrentDrain:
         if not batch:
             return
         self.hooks.on_batch(batch)
-        self.buffer.extend(batch)
+        now = self.loop.time()
+        self.buffer.extend((claimed, now) for claimed in batch)
         if self.stopping:
             self._hand_back_buffer()
         else:
@@ -375,14 +387,23 @@ class ConcurrentDrain:
 
     def _fill(self) -> None:
         """Start buffered jobs in the free slots, in claim order, keeping a job marked
-        ``alone`` alone."""
+        ``alone`` alone; hand back those buffered so long that their leases may have run
+        out (the next round trip releases them, which a job reaped meanwhile refuses)."""
+        stale_before = self.loop.time() - self.stale_after_s
         while self.buffer and len(self.in_flight) < self.concurrency and not self.alone:
             if self.hooks.stop_requested():
                 self._on_stop()
                 return
-            if self.buffer[0].alone and (self.in_flight or self.done or self.settling):
+            claimed, taken_at = self.buffer[0]
+            if taken_at <= stale_before:
+                self.buffer.popleft()
+                self.handback.append((claimed.id, claimed.token))
+                self._set_wake()
+                continue
+            if claimed.alone and (self.in_flight or self.done or self.settling):
                 return  # it starts when the jobs before it are done and settled
-            self._start(self.buffer.popleft())
+            self.buffer.popleft()
+            self._start(claimed)
 
     def _start(self, claimed: Claimed) -> None:
         prepared = self.runner.prepare(claimed)
@@ -394,7 +415,7 @@ class ConcurrentDrain:
         job, fn = prepared
         self.hooks.on_start(claimed, in_thread=not is_async(fn))
         task = self.loop.create_task(self._run_one(claimed, job, fn))
-        self.in_flight[claimed.id] = task
+        self.in_flight[claimed.id, claimed.token] = task
         self.alone = claimed.alone
 
     async def _run_one(self, claimed: Claimed, job: Any, fn: Callable[..., Any]) -> None:
@@ -402,7 +423,7 @@ class ConcurrentDrain:
         try:
             outcome = await self.runner.run_async(claimed, job, fn, self.threads)
         finally:
-            self.in_flight.pop(claimed.id, None)
+            self.in_flight.pop((claimed.id, claimed.token), None)
             if claimed.alone:
                 self.alone = False
         ran = self.loop.time() - started

@@ -155,7 +155,9 @@ class Consumer:
                     elif work or burst:
                         self._drainer.run()
                         work = False
-                    if burst or self._stopping:
+                    # a claim that stopped after 1,000 lanes at their limit came back empty
+                    # with lanes still on the rings: a burst goes on until they are empty
+                    if self._stopping or burst and not self.lanes.rings_hold_lanes():
                         break
                     now = time.monotonic()
                     timeout = min(next_promote - now, next_reap - now)
@@ -266,8 +268,10 @@ class Consumer:
 
     def _unhold(self, pairs: Sequence[tuple[str, str]]) -> None:
         with self._held_lock:
-            for job_id, _ in pairs:
-                self._held.pop(job_id, None)
+            for job_id, token in pairs:
+                # held again under a newer token (the old lease was reaped): keep that one
+                if self._held.get(job_id) == token:
+                    del self._held[job_id]
 
     def _release_held(self, mode: str) -> None:
         with self._held_lock:

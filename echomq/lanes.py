@@ -153,6 +153,24 @@ class Lanes:
         return scripts.progress(self.client, self.keys, self.settings.lease_ms, job_id, token,
                                 text)
 
+    def rings_hold_lanes(self) -> bool:
+        """True when the queue is not paused and a ring (of any priority) still holds a
+        lane a claim has not judged yet: an empty claim that stopped after 1,000 lanes at
+        their limit leaves the rest there, and the next claim goes on through them."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.exists(self.keys.paused)
+        pipe.llen(self.keys.ring)
+        pipe.zrange(self.keys.prios, 0, -1)
+        paused, plain, levels = pipe.execute()
+        if paused:
+            return False
+        if plain or not levels:
+            return bool(plain)
+        pipe = self.client.pipeline(transaction=False)
+        for p in levels:
+            pipe.llen(self.keys.ring_of(int(p)))
+        return any(pipe.execute())
+
     def _claim_args(self, count: int, chain: bool = False) -> list[Any]:
         args: list[Any] = [self.keys.prefix, self.settings.lease_ms, count,
                            "1" if chain else "0"]

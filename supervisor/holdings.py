@@ -62,6 +62,7 @@ class Holdings:
         _HEADER.pack_into(self.mem, 0, capacity, 0.0, 0)
         # the child's own bookkeeping (each process has its copy after the fork)
         self._slots: dict[str, int] = {}
+        self._tokens: dict[str, str] = {}  # job id -> the token it is held under
         self._free = list(range(capacity - 1, -1, -1))
         self._seq = 0
         self._deadlines: dict[int, float] = {}
@@ -78,6 +79,7 @@ class Holdings:
                 raise RuntimeError(f"more than {self.capacity} jobs held at once")
             slot = self._free.pop()
             self._slots[job_id] = slot
+            self._tokens[job_id] = token
             self._seq += 1
             raw_id, raw_token = job_id.encode()[:ID_MAX], token.encode()[:TOKEN_MAX]
             base = HEADER_SIZE + slot * ENTRY_SIZE
@@ -108,6 +110,12 @@ class Holdings:
         if self._deadlines.pop(slot, None) is not None:
             self._write_deadline()
 
+    def drop_pairs(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Jobs settled or handed back, each with the token it was claimed with: a job
+        held again under a newer token (its old lease was reaped and it was claimed
+        again) stays held."""
+        self.drop(job_id for job_id, token in pairs if self._tokens.get(job_id) == token)
+
     def drop(self, job_ids: Iterable[str]) -> None:
         """Jobs settled or handed back: no longer held."""
         changed = False
@@ -115,6 +123,7 @@ class Holdings:
             slot = self._slots.pop(job_id, None)
             if slot is None:
                 continue
+            self._tokens.pop(job_id, None)
             self.mem[HEADER_SIZE + slot * ENTRY_SIZE] = FREE
             self._free.append(slot)
             self._dropped += 1

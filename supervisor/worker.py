@@ -215,11 +215,11 @@ class Worker:
 
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Drain hook: these jobs went back unstarted; drop them from the table."""
-        self.holdings.drop(job_id for job_id, _ in pairs)
+        self.holdings.drop_pairs(pairs)
 
     def after_settle(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
         """Drain hook: drop settled jobs and write their retries through to the floor."""
-        self.holdings.drop(o.job_id for o in outcomes)
+        self.holdings.drop_pairs((o.job_id, o.token) for o in outcomes)
         self._write_retries(outcomes, codes)
 
     def _write_retries(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:

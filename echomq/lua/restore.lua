@@ -8,7 +8,9 @@
   the spilled set: one cancelled meanwhile has left it, and stays cancelled. A
   restored id leaves the spilled set. A
   restored job is "scheduled" at the given score; due ones are promoted by
-  the next beat. Rings the doorbell when a restored job became the head.
+  the next beat. It holds no lease token and is counted against no lane limit
+  (a row folded while the job was active may carry its claim's "held" mark:
+  nothing counts it now, so a settle must not uncount it). Rings the doorbell when a restored job became the head.
   Job hashes are built inside.
 
   Input:
@@ -39,7 +41,7 @@ while i <= #ARGV do
       redis.call('HSET', jk, ARGV[i + 3 + f * 2], ARGV[i + 4 + f * 2])
     end
     redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', score, 'deferred', 1)
-    redis.call('HDEL', jk, 'token')
+    redis.call('HDEL', jk, 'token', 'held')
     redis.call('ZADD', KEYS[1], 'NX', score, id)
     redis.call('SREM', KEYS[3], id)
     if head_due == nil or score < head_due then

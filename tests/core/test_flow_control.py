@@ -359,3 +359,17 @@ def test_a_lane_blocked_at_two_priorities_goes_back_on_both_rings(
     assert r.smembers(q.keys.blocked) == set() and r.hget(q.keys.active, "a") == b"0"
     [again] = lanes.claim(10)
     assert again.payload_text == "1"  # the priority-5 job first
+
+
+def test_a_burst_consumer_goes_on_past_1000_blocked_lanes(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # a claim that stops after 1,000 lanes at their limit comes back empty and rings; a
+    # consumer in burst mode (run until nothing is claimable) must not take that for dry
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.set_lane_limit("*", max_active=1)
+    q.add_many([("x", i, {"lane": f"l{i % 1100}"}) for i in range(2200)])
+    assert len(_lanes(q).claim(1100)) == 1100  # other consumers run one job of each lane
+    free = q.add("x", "free", lane="z")  # behind 1,100 lanes at their limit
+    ran: list[str] = []
+    assert echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True) == 1
+    assert ran == [free]

@@ -12,6 +12,7 @@ from typing import Any
 import redis
 
 import echomq
+from echomq import scripts
 from echomq.concurrent import default_prefetch
 
 
@@ -131,3 +132,40 @@ def _warmed_up(q: echomq.Queue, handler: Callable[[echomq.Job], Any], concurrenc
     q.add_many([("x", {"fast": True}) for _ in range(jobs)])
     _wait(lambda: q.counts()["completed"] == jobs, 10, "the warm-up jobs")
     return consumer, thread
+
+
+def test_a_job_claimed_again_while_its_old_run_goes_on_is_tracked_as_two_runs(
+        redis_url: str, queue_name: str) -> None:
+    # the old run's lease was reaped and this consumer claimed the job again: both runs are
+    # in flight; the old one ending must not make the drain forget the new one (it would
+    # start more jobs than slots, and a stop would leave the new run unsettled)
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    gates: dict[int, threading.Event] = {1: threading.Event(), 2: threading.Event()}
+    started: list[int] = []
+
+    async def gated(job: echomq.Job) -> None:
+        started.append(job.attempts)
+        await asyncio.get_running_loop().run_in_executor(None, gates[job.attempts].wait, 30)
+
+    consumer = echomq.Consumer(q, gated, concurrency=2)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    try:
+        job_id = q.add("x", {})
+        _wait(lambda: started == [1], 10, "the first run")
+        q.redis.zadd(q.keys.leases, {job_id: 0})  # the first run's lease ran out
+        assert scripts.reap(q.redis, q.keys)[0] == 1  # rings: the consumer claims it again
+        _wait(lambda: started == [1, 2], 10, "the second run beside the first")
+        pool = consumer._pool
+        assert pool is not None
+        gates[1].set()
+        _wait(lambda: pool.mean_run_s is not None, 10, "the first run to end")
+        assert len(pool.in_flight) == 1  # the second run is still in flight
+    finally:
+        gates[2].set()
+        gates[1].set()
+        consumer.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    job = q.get(job_id)
+    assert job is not None and job.state == "completed"

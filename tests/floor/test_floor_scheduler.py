@@ -16,6 +16,7 @@ import echomq
 from echomq import scripts
 from echomq.floor import Floor
 from echomq.lanes import Lanes, Outcome
+from echomq.scripts import Settled
 
 HOUR_MS = 3_600_000
 
@@ -250,5 +251,41 @@ def test_a_retried_job_promoted_while_the_fold_lease_had_lapsed_survives_valkey_
     _tick(sched2)  # rehydrates from the floor
     job = q2.get(job_id)
     assert job is not None, "a retried job was lost with Valkey's data"
+    sched2.close()
+    sched.close()
+
+
+def test_a_job_folded_while_counted_against_its_lane_limit_is_not_uncounted_after_restore(
+        floor: Floor, server: LocalRedis) -> None:
+    # a retry promoted and claimed before the next fold is folded while active, its hash
+    # marked "held" (counted against the lane's max_active); after Valkey loses its data the
+    # row comes back with that mark, although nothing counts the job any more
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("heldfold", redis=client)
+    sched = _scheduler(client, floor, "heldfold")
+    _tick(sched)  # takes the lead and sets the epoch
+    q.set_lane_limit("a", max_active=2)
+    ids = q.add_many([("x", i, {"lane": "a"}) for i in range(2)])
+    lanes = Lanes(client, q.keys, q.settings)
+    claimed = lanes.claim(2)
+    lanes.settle([Outcome(c.id, c.token, "f", "transient", 0) for c in claimed])
+    assert scripts.promote(client, q.keys, 100)[0] == 2
+    assert {c.id for c in lanes.claim(2)} == set(ids)  # active again, counted: "held" 1
+    _tick(sched)  # folds both as they are now
+    server.restart_empty()
+    client2 = redis.Redis.from_url(server.url)
+    q2 = echomq.Queue("heldfold", redis=client2)
+    sched2 = _scheduler(client2, floor, "heldfold")
+    _tick(sched2)  # rehydrates: both come back
+    client2.zadd(q2.keys.schedule, {j: 0 for j in ids})
+    assert scripts.promote(client2, q2.keys, 100)[0] == 2
+    lanes2 = Lanes(client2, q2.keys, q2.settings)
+    again = lanes2.claim(2)  # no limit recorded now: nothing counted
+    assert lanes2.settle([Outcome(c.id, c.token, "c") for c in again]) == [
+        Settled.COMPLETED] * 2
+    assert int(client2.hget(q2.keys.active, "a") or 0) == 0  # nothing was counted
+    q2.set_lane_limit("a", max_active=1)  # the limit recorded again
+    q2.add_many([("x", i, {"lane": "a"}) for i in range(2)])
+    assert [c.lane for c in lanes2.claim(10)] == ["a"]  # one at a time, not none or two
     sched2.close()
     sched.close()

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import os
+import socket
 
 from echomq.supervisor.holdings import FINISHED, HELD, RUNNING, Holdings, runs_by_mode
+from echomq.supervisor.worker import Worker
+
+import echomq
+from echomq import scripts
+from echomq.job import Claimed
+from echomq.lanes import Lanes, Outcome
+from echomq.scripts import Settled
 
 
 def test_the_parent_reads_what_a_forked_child_wrote() -> None:
@@ -51,3 +59,47 @@ def test_release_runs_put_jobs_back_in_claim_order() -> None:
                     ("unstarted", ["j0", "j1"])]
     table.close()
 
+
+
+def _claimed_twice(q: echomq.Queue) -> tuple[Claimed, Claimed]:
+    """One job claimed, its lease run out and reaped, then claimed again: (old, new)."""
+    q.add("x", {})
+    lanes = Lanes(q.redis, q.keys, q.settings)
+    [old] = lanes.claim(1)
+    q.redis.zadd(q.keys.leases, {old.id: 0})  # the lease ran out
+    assert scripts.reap(q.redis, q.keys)[0] == 1
+    [new] = lanes.claim(1)
+    assert new.id == old.id and new.token != old.token
+    return old, new
+
+
+def test_a_stale_settle_or_hand_back_keeps_the_same_job_held_under_its_new_token(
+        redis_url: str, queue_name: str) -> None:
+    # a child that claimed a job again (its old lease was reaped meanwhile) holds it under
+    # the new token; the old token's refused settle or hand-back must not drop that holding,
+    # or the parent stops extending the new lease and cannot release the job if the child dies
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    old, new = _claimed_twice(q)
+    parent_end, child_end = socket.socketpair()
+    worker = Worker(child_end, queue_name, redis_url, q.settings, lambda job: None, None)
+    try:
+        worker.on_batch([old])
+        worker.on_batch([new])
+        worker.after_settle([Outcome(old.id, old.token, "c")], [Settled.STALE])
+        assert [h.pair for h in worker.holdings.entries()] == [(new.id, new.token)]
+        worker.on_unstarted([(old.id, old.token)])
+        assert [h.pair for h in worker.holdings.entries()] == [(new.id, new.token)]
+        worker.on_unstarted([(new.id, new.token)])
+        assert worker.holdings.entries() == []
+    finally:
+        worker.holdings.close()
+        parent_end.close()
+        child_end.close()
+
+    consumer = echomq.Consumer(q, lambda job: None)
+    consumer.on_batch([old])
+    consumer.on_batch([new])
+    consumer.after_settle([Outcome(old.id, old.token, "c")], [Settled.STALE])
+    consumer.on_unstarted([(old.id, old.token)])
+    assert consumer._held == {new.id: new.token}  # still extended by its heartbeat
+    consumer.close()

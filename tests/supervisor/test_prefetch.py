@@ -16,6 +16,7 @@ import psutil
 import redis
 
 import echomq
+from echomq import scripts
 
 from .conftest import Supervisor, wait_until
 
@@ -115,3 +116,36 @@ def test_jobs_that_run_long_are_not_buffered_but_left_for_other_consumers(
     assert q.counts()["active"] == 4 and q.counts()["waiting"] == 2
     r.rpush(f"ledger:{queue_name}:gate", *([1] * 6))
     wait_until(lambda: q.counts()["completed"] == 10, 10, "every job to complete")
+
+
+def test_a_buffered_job_whose_lease_was_reaped_is_not_started_by_its_old_holder(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # nothing extends the leases while the supervisor is stopped: the buffered job's lease
+    # runs out and a reap hands it to the lane again; the child must not run it when a slot
+    # frees up, since the job now belongs to whoever claims it next
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    sup = supervisor(redis_url, queue_name, "--processes", "1", "--concurrency", "2",
+                     "--lease-ms", "1000", "--handler", "sup_jobs:record_async").started(1)
+    q.add_many([("x", {}) for _ in range(20)])  # fast jobs: the buffer grows to 1
+    wait_until(lambda: q.counts()["completed"] == 20, 10, "the fast jobs")
+    r.delete(f"ledger:{queue_name}:started", f"ledger:{queue_name}:done")
+    *gated, buffered = q.add_many([("x", {"gate": True}), ("x", {"gate": True}), ("x", {})])
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 2, 10, "2 running jobs")
+    wait_until(lambda: q.counts()["active"] == 3, 10, "one more job in the buffer")
+    sup.signal(signal.SIGSTOP)  # no lease is extended from now on
+    try:
+        def expired() -> bool:
+            seconds, micros = r.time()
+            score = r.zscore(q.keys.leases, buffered)
+            return score is not None and score <= seconds * 1000 + micros // 1000
+        wait_until(expired, 10, "the buffered job's lease to run out")
+        assert scripts.reap(r, q.keys)[0] == 3  # a reap (another supervisor's) takes all 3
+        r.rpush(f"ledger:{queue_name}:gate", 1)  # a slot frees up in the child
+        wait_until(lambda: r.llen(f"ledger:{queue_name}:done") == 1, 10, "a gated job's end")
+    finally:
+        sup.signal(signal.SIGCONT)
+    r.rpush(f"ledger:{queue_name}:gate", *([1] * 3))
+    wait_until(lambda: q.counts()["completed"] == 23, 20, "every job to complete")
+    runs = Counter(job_id for job_id, _, _ in _started(r, queue_name))
+    assert runs[buffered] == 1, runs  # once, by whoever claimed it after the reap
+    assert all(runs[j] in (1, 2) for j in gated)  # a running job may run again: at least once
