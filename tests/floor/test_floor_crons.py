@@ -114,3 +114,27 @@ def test_crons_survive_valkey_restarting_empty(floor: Floor, server: LocalRedis)
     dues = [int(j.id.rsplit(":", 1)[1]) for j in q2.jobs("waiting", limit=1000)]
     assert all(due > recorded["tick"] for due in dues)
     assert len(dues) == len(set(dues))
+
+
+def test_a_floored_scheduler_takes_the_lead_from_one_for_crons_alone(
+        floor: Floor, redis_url: str, queue_name: str) -> None:
+    """A supervisor without a floor leads a queue that has crons; one with the floor
+    joining the same queue must not stand by behind it (no fold, no restore of spilled
+    jobs, no rehydration for as long as the floor-less one lives)."""
+    client = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=client)
+    q.add_cron("nightly", "0 3 * * *", "report")
+    crons_alone = Scheduler(queue_name, client, None, beat_ms=100, horizon_s=3600)
+    _tick(crons_alone)
+    assert crons_alone.fence is not None  # the queue has a cron: it leads
+    q.add("later", {}, delay=60, job_id="later-1")  # deferred: the floor must get it
+    floored = Scheduler(queue_name, client, floor, beat_ms=100, horizon_s=3600)
+    _tick(floored)  # well within the floor-less one's leader lease
+    assert floored.fence is not None
+    wait_until(lambda: _tick(floored) or floor.count(queue_name) == 1, 10,
+               "the deferred job folded by the scheduler with the floor")
+    _tick(crons_alone)  # deposed: it stands down and does not take the lead back
+    assert crons_alone.fence is None
+    _tick(floored)
+    assert floored.fence is not None
+    assert [k for k, _, _ in floor.cron_rows(queue_name)] == ["nightly"]
