@@ -188,3 +188,27 @@ def test_asyncio_twins(redis_url: str, queue_name: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     q.add_cron("s", "@hourly", "y")
     assert json.loads(q.redis.hget(q.keys.crons, "s"))["expr"] == "@hourly"
+
+
+def _server_ms(r: redis.Redis) -> int:
+    s, us = r.time()
+    return int(s) * 1000 + int(us) // 1000
+
+
+def test_re_adding_a_cron_unchanged_keeps_the_occurrences_due_meanwhile(
+        redis_url: str, queue_name: str) -> None:
+    """An application that registers its crons at every start (add_cron with the same key
+    and schedule) while no scheduler has admitted the latest occurrence yet (a hand-over,
+    a deploy) must not lose that occurrence; a changed schedule starts from now."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    first = q.add_cron("k", "* * * * * *", "beat")
+    assert first.last_ms is not None
+    deadline = _server_ms(q.redis) + 10_000
+    while _server_ms(q.redis) < first.last_ms + 1500:  # an occurrence is due, unadmitted
+        assert _server_ms(q.redis) < deadline
+        q.redis.blpop([f"{q.keys.prefix}never"], timeout=0.05)  # parks, as a timed wait
+    again = q.add_cron("k", "* * * * * *", "beat", {"v": 2})  # same schedule, new payload
+    assert again.last_ms == first.last_ms  # the leader still admits what fell due
+    assert q.crons()[0].payload == {"v": 2}
+    changed = q.add_cron("k", "*/2 * * * * *", "beat")
+    assert changed.last_ms is not None and changed.last_ms >= first.last_ms + 1500
