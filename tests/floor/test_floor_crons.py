@@ -138,3 +138,34 @@ def test_a_floored_scheduler_takes_the_lead_from_one_for_crons_alone(
     _tick(floored)
     assert floored.fence is not None
     assert [k for k, _, _ in floor.cron_rows(queue_name)] == ["nightly"]
+
+
+def test_a_cron_added_with_the_floor_during_the_mirror_survives_valkey_loss(
+        floor: Floor, server: LocalRedis) -> None:
+    """The scheduler mirrors Valkey's crons onto the floor (deleting the floor's others)
+    from what it read earlier in its beat; a producer with the floor adds a cron between
+    that read and the mirror's write. add_cron promised the cron is on the floor when it
+    returned: Valkey restarting empty right after must not lose it."""
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("mq", redis=client, floor=floor)
+    q.add_cron("a", "0 3 * * *", "x")
+    sched = Scheduler("mq", client, floor, beat_ms=100, horizon_s=3600)
+    real = sched.crontab.sync_floor
+
+    def add_first(fence: int) -> None:  # the race, forced: after the read, before the write
+        sched.crontab.sync_floor = real  # type: ignore[method-assign]
+        q.add_cron("b", "*/5 * * * *", "y")
+        real(fence)
+
+    sched.crontab.sync_floor = add_first  # type: ignore[method-assign]
+    _tick(sched)
+    assert sched.crontab.sync_floor is real  # the hook ran
+    sched.close()
+    client.close()
+    server.restart_empty()
+    client2 = redis.Redis.from_url(server.url)
+    sched2 = Scheduler("mq", client2, floor, beat_ms=100, horizon_s=3600)
+    _tick(sched2)  # the crons come back from the floor
+    assert [c.key for c in echomq.Queue("mq", redis=client2).crons()] == ["a", "b"]
+    sched2.close()
+    client2.close()
