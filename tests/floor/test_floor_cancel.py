@@ -3,6 +3,8 @@ floor row too."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 from echomq.supervisor.localredis import LocalRedis
@@ -221,3 +223,28 @@ def test_a_cancelled_spilled_job_stays_cancelled_through_valkey_restarting_empty
     finally:
         sched2.close()
         client2.close()
+
+
+def test_a_job_id_added_again_after_a_cancel_and_purge_keeps_its_floor_row(
+        floor: Floor, redis_url: str, queue_name: str) -> None:
+    """Cancel a spilled job, purge it and add a deferred job with the same id before the
+    scheduler's next beat: that beat folds the new job, then works through the closed log
+    the cancel appended to. The close is the old job's: the new job's row must stay."""
+    client = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=client)
+    sched = Scheduler(queue_name, client, floor, beat_ms=100, horizon_s=60)
+    try:
+        _tick(sched)
+        far = q.add("x", {"old": True}, delay=7 * 86_400, job_id="reused-1")
+        _tick(sched)
+        assert client.sismember(q.keys.spilled, far)
+        assert q.cancel(far) is True
+        assert q.purge("cancelled") == 1
+        assert q.add("x", {"new": True}, delay=30, job_id="reused-1") == far
+        _tick(sched)
+        (row,) = floor.open_rows(queue_name, None, 10)
+        assert row.job_id == far and json.loads(row.fields["payload"]) == {"new": True}
+        assert q.get(far).state == "scheduled"  # type: ignore[union-attr]
+    finally:
+        sched.close()
+        client.close()
