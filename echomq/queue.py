@@ -491,7 +491,9 @@ class Queue:
     def add_cron(self, key: str, expr: str, name: str, payload: Any = None,
                  lane: str | None = None, tz: str = "UTC") -> cron.Cron:
         """Admit a job ``name`` with ``payload`` on ``lane`` at every occurrence of the cron
-        expression ``expr`` in time zone ``tz``, from now on; replaces the cron ``key``.
+        expression ``expr`` in time zone ``tz``, from now on; replaces the cron ``key``
+        (re-added with the same ``expr`` and ``tz``, it keeps its last occurrence, so one
+        that fell due and was not admitted yet still is).
 
         The supervisor's leader scheduler admits each occurrence once, as job
         ``cron:<key>:<due_ms>``. Kept in Valkey, and on this Queue's floor when it has

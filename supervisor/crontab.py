@@ -30,6 +30,7 @@ from echomq.cron import CronSpec
 from echomq.keys import Keys
 
 log = logging.getLogger("echomq.scheduler")
+MIRROR_TRIES = 3  # mirrors of Valkey's crons onto the floor in one beat while they change
 
 
 def _text(value: bytes | str) -> str:
@@ -97,10 +98,21 @@ class CronTable:
     def sync_floor(self, fence: int) -> None:
         """Bring the floor's copy up to date (Valkey holds its data: the epoch is ours)."""
         if self.mirror:
-            rows = [(key, text, self.lasts.get(key, 0)) for key, (_, text) in self.specs.items()]
-            if rows or self.floor.cron_rows(self.queue):  # a queue without crons: no write
-                self.floor.put_crons(self.queue, rows, fence, only=True)
-            self.mirror = False
+            for _ in range(MIRROR_TRIES):
+                rows = [(key, text, self.lasts.get(key, 0))
+                        for key, (_, text) in self.specs.items()]
+                if rows or self.floor.cron_rows(self.queue):  # a queue without crons: no write
+                    self.floor.put_crons(self.queue, rows, fence, only=True)
+                # a producer changed the crons since they were read (its own floor write
+                # may have come before this one, which undid it): mirror them again
+                raw = self.client.hget(self.keys.meta, "crons")
+                version = _text(raw) if raw is not None else ""
+                if version == self.version:
+                    self.mirror = False
+                    break
+                self._load(version)
+            else:
+                self.version = None  # still changing: again on the next beat
             self.unsynced.clear()
         elif self.unsynced:
             lasts, self.unsynced = self.unsynced, {}

@@ -426,22 +426,32 @@ class Scheduler:
             if not raw:
                 return
             assert self.fence is not None
-            ids = [_text(x) for x in raw]
-            self._backfill(ids)
+            ids = self._backfill([_text(x) for x in raw])
             self.closed += self.floor.close_jobs(self.queue, ids, self.fence)
             self.client.ltrim(self.keys.closed, len(raw), -1)
             if len(raw) < BATCH or self._over_budget():
                 return
 
-    def _backfill(self, ids: Sequence[str]) -> None:
-        """Jobs cancelled while spilled hold a small hash: copy their floor rows' fields in
-        before the rows go (backfill.lua keeps the cancel's own fields)."""
+    def _backfill(self, ids: Sequence[str]) -> list[str]:
+        """The ids among these closed ones whose floor rows are to go. A job cancelled
+        while spilled holds a small hash: its floor row's fields are copied in first
+        (backfill.lua keeps the cancel's own fields). An id that is scheduled, waiting,
+        active or spilled again is a new job under the same id (added after the old one
+        was purged or dropped) whose row is current: it stays."""
         pipe = self.client.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hget(self.keys.job(job_id), "spilled")
-        marked = [job_id for job_id, flag in zip(ids, pipe.execute(), strict=True) if flag]
+            pipe.hmget(self.keys.job(job_id), "state", "spilled")
+            pipe.sismember(self.keys.spilled, job_id)
+        found = pipe.execute()
+        done, marked = [], []
+        for job_id, (state, flag), spilled in zip(ids, found[::2], found[1::2], strict=True):
+            if spilled or (state is not None and _text(state) in SCHEDULED_STATES):
+                continue
+            done.append(job_id)
+            if flag:
+                marked.append(job_id)
         if not marked:
-            return
+            return done
         args: list[Any] = [self.keys.prefix]
         for row in self.floor.rows(self.queue, marked):
             if row.error is None:
@@ -450,6 +460,7 @@ class Scheduler:
                     args += [k, v]
         if len(args) > 1:
             scripts.BACKFILL(self.client, [self.keys.cancelled], args)
+        return done
 
     def _spill(self, server_now: int) -> None:
         """Move jobs due beyond the horizon out of Valkey memory, floor first."""

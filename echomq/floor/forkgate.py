@@ -5,8 +5,10 @@ taken while another thread holds one (the supervisor's scheduler thread folding
 into a SQLite floor, say) gives a child whose copy of that mutex stays locked
 for ever: the child's first SQLite call of any kind (its own floor write, or a
 handler's ``sqlite3``) hangs, and with it the job it holds. The gate counts the
-threads inside a floor SQLite connection (checked out of the engine's pool, or
-being opened); a fork first stops new entries and waits for the others to leave,
+threads inside a floor SQLite connection: every :class:`echomq.floor.Floor` call
+from its start to its end (opening a connection and its connect-time pragmas,
+statements, checkin, closing connections in ``dispose``), and any other checkout of
+the engine's pool; a fork first stops new entries and waits for the others to leave,
 so the child starts with every SQLite mutex free. The forking thread's own
 connections do not make it wait; a thread that stays inside longer than
 ``WAIT_S`` is logged and the fork goes on. A forker that must not block (the
@@ -19,6 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 log = logging.getLogger("echomq.floor")
@@ -69,6 +73,15 @@ class ForkGate:
     def resume(self) -> None:
         """Let threads enter SQLite again after the fork :meth:`try_pause` allowed."""
         self.after_fork_in_parent()
+
+    @contextmanager
+    def inside(self) -> Iterator[None]:
+        """:meth:`enter` for the length of a ``with`` block, then :meth:`leave`."""
+        token = self.enter()
+        try:
+            yield
+        finally:
+            self.leave(token)
 
     def before_fork(self) -> None:
         """Stop new entries and wait (up to WAIT_S) for other threads to leave SQLite."""

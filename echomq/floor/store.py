@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -69,9 +69,9 @@ class Floor:
         self._engine = engine
         self._writer = engine.execution_options(**{WRITE_OPTION: True})
         self._pg = engine.dialect.name == "postgresql"
-        # SQLite keeps per-process lock state a forked child inherits: a child forked while
-        # a transaction here is open believes that lock held for good (see pause_for_fork)
-        self._sqlite = not self._pg  # forks must wait for its calls (echomq.floor.forkgate)
+        # SQLite: every call is inside the fork gate from end to end (a new connection's
+        # connect-time pragmas and a dispose's closes happen outside any checkout)
+        self._sqlite = engine.dialect.name == "sqlite"
         self._password = engine.url.password
         self.url_redacted = redact_url(engine.url)
 
@@ -104,7 +104,8 @@ class Floor:
 
     def dispose(self) -> None:
         """Close every pooled connection."""
-        self._engine.dispose()
+        with self._gated():
+            self._engine.dispose()
 
     def __enter__(self) -> Floor:
         return self
@@ -375,20 +376,22 @@ class Floor:
 
     @contextmanager
     def _guard(self, action: str) -> Iterator[None]:
-        """Re-raise driver errors as FloorError, with the URL's password hidden."""
-        with self._guard_errors(action):
-            yield
+        """Re-raise driver errors as FloorError, with the URL's password hidden; on SQLite
+        the whole call is inside the fork gate."""
+        with self._gated():
+            try:
+                yield
+            except DBAPIError as exc:
+                detail = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
+                message = f"{type(exc.orig or exc).__name__}: {detail[0] if detail else ''}"
+                if self._password:
+                    message = message.replace(self._password, "***")
+                raise FloorError(
+                    f"floor {action} failed on {self.url_redacted}: {message}") from exc
 
-    @contextmanager
-    def _guard_errors(self, action: str) -> Iterator[None]:
-        try:
-            yield
-        except DBAPIError as exc:
-            detail = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
-            message = f"{type(exc.orig or exc).__name__}: {detail[0] if detail else ''}"
-            if self._password:
-                message = message.replace(self._password, "***")
-            raise FloorError(f"floor {action} failed on {self.url_redacted}: {message}") from exc
+    def _gated(self) -> Any:
+        """The fork gate on SQLite (no fork while this thread is inside), else nothing."""
+        return GATE.inside() if self._sqlite else nullcontext()
 
     @contextmanager
     def _write(self, action: str, queue: str, fence: int | None) -> Iterator[Connection]:

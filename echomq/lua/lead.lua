@@ -11,7 +11,9 @@
   runs, the lease runs out and the logs stop growing; the next leader learns
   that it lapsed and sweeps the schedule set onto the floor instead. A
   scheduler without a floor (it only admits crons) passes a fold lease of 0
-  and leaves the fold lease alone.
+  and leaves the fold lease alone; while it leads, meta "cronly" names it, and
+  a scheduler with a floor takes the lease from it at once (a larger fence), so
+  folding, restoring and rehydrating never wait behind a floor-less replica.
 
   The leader stamps meta "led" with the server time of each renewal; the call
   returns the stamp it replaced, so a new leader knows whether a scheduler ran
@@ -24,7 +26,7 @@
     KEYS[3] closed    list of ids whose floor rows to close
     KEYS[4] epoch     set by the scheduler; gone means Valkey lost its data
     KEYS[5] schedule  zset of deferred job ids by due time (ms)
-    KEYS[6] meta      queue settings hash (fields "fold", "led", "crons")
+    KEYS[6] meta      queue settings hash (fields "fold", "led", "crons", "cronly")
     ARGV[1] replica id
     ARGV[2] lease ttl in ms
     ARGV[3] spill threshold offset in ms (jobs due after now + this are spill candidates)
@@ -39,28 +41,36 @@
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local me = ARGV[1]
+local floored = tonumber(ARGV[4]) > 0
 local held = redis.call('GET', KEYS[1])
+local meta = redis.call('HMGET', KEYS[6], 'fold', 'led', 'crons', 'cronly')
 local fence = -1
 if held then
   local sep = string.find(held, '|', 1, true)
-  if string.sub(held, 1, sep - 1) == me then
+  local holder = string.sub(held, 1, sep - 1)
+  if holder == me then
     fence = tonumber(string.sub(held, sep + 1))
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  elseif floored and meta[4] == holder then
+    -- the holder schedules crons alone: a scheduler with a floor takes over
+    fence = math.max(now, (tonumber(string.sub(held, sep + 1)) or 0) + 1)
+    redis.call('SET', KEYS[1], me .. '|' .. fence, 'PX', ARGV[2])
   end
 else
   fence = now
   redis.call('SET', KEYS[1], me .. '|' .. fence, 'PX', ARGV[2])
 end
 local lapsed = 0
-local meta = redis.call('HMGET', KEYS[6], 'fold', 'led', 'crons')
 local led = ''
 if fence >= 0 then
   led = meta[2] or ''
-  if tonumber(ARGV[4]) > 0 then
+  if floored then
     if (tonumber(meta[1] or '') or 0) < now then lapsed = 1 end
     redis.call('HSET', KEYS[6], 'fold', now + tonumber(ARGV[4]), 'led', now)
+    if meta[4] then redis.call('HDEL', KEYS[6], 'cronly') end
   else
     redis.call('HSET', KEYS[6], 'led', now)
+    if meta[4] ~= me then redis.call('HSET', KEYS[6], 'cronly', me) end
   end
 end
 local epoch = redis.call('GET', KEYS[4]) or ''

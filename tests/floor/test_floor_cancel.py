@@ -3,7 +3,11 @@ floor row too."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import redis
+from echomq.supervisor.localredis import LocalRedis
 from echomq.supervisor.scheduler import Scheduler
 
 import echomq
@@ -187,6 +191,60 @@ def test_asyncio_and_cli_cancel_spilled_jobs(floor: Floor, redis_url: str,
         assert (q.stats()["scheduled"], q.stats()["spilled"]) == (0, 0)
         _tick(sched)
         assert floor.open_rows(queue_name, None, 10) == []
+    finally:
+        sched.close()
+        client.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a cancel is recorded in Valkey alone (the cancelled hash, the closed log) until the "
+    "scheduler's next close drops the floor row; Valkey restarting empty in that window "
+    "loses the cancel, and rehydration brings the spilled row back as a scheduled job "
+    "(the same one-beat window as a completed job's close); closing the row before "
+    "cancel() returns needs the canceller to write the floor, as the sync dial's add does"))
+def test_a_cancelled_spilled_job_stays_cancelled_through_valkey_restarting_empty(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("cs", redis=client)
+    sched = Scheduler("cs", client, floor, beat_ms=100, horizon_s=60)
+    far = _spilled_job(client, q, sched)
+    assert q.cancel(far) is True  # the scheduler has not closed the floor row yet
+    sched.close()
+    client.close()
+    server.restart_empty()
+    client2 = redis.Redis.from_url(server.url)
+    q2 = echomq.Queue("cs", redis=client2)
+    sched2 = Scheduler("cs", client2, floor, beat_ms=100, horizon_s=60)
+    try:
+        _tick(sched2)  # the epoch is gone: rehydration from the floor's open rows
+        job = q2.get(far)
+        assert job is None or job.state == "cancelled"
+        assert not client2.sismember(q2.keys.spilled, far)  # nor waiting to be restored
+    finally:
+        sched2.close()
+        client2.close()
+
+
+def test_a_job_id_added_again_after_a_cancel_and_purge_keeps_its_floor_row(
+        floor: Floor, redis_url: str, queue_name: str) -> None:
+    """Cancel a spilled job, purge it and add a deferred job with the same id before the
+    scheduler's next beat: that beat folds the new job, then works through the closed log
+    the cancel appended to. The close is the old job's: the new job's row must stay."""
+    client = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=client)
+    sched = Scheduler(queue_name, client, floor, beat_ms=100, horizon_s=60)
+    try:
+        _tick(sched)
+        far = q.add("x", {"old": True}, delay=7 * 86_400, job_id="reused-1")
+        _tick(sched)
+        assert client.sismember(q.keys.spilled, far)
+        assert q.cancel(far) is True
+        assert q.purge("cancelled") == 1
+        assert q.add("x", {"new": True}, delay=30, job_id="reused-1") == far
+        _tick(sched)
+        (row,) = floor.open_rows(queue_name, None, 10)
+        assert row.job_id == far and json.loads(row.fields["payload"]) == {"new": True}
+        assert q.get(far).state == "scheduled"  # type: ignore[union-attr]
     finally:
         sched.close()
         client.close()

@@ -114,3 +114,58 @@ def test_crons_survive_valkey_restarting_empty(floor: Floor, server: LocalRedis)
     dues = [int(j.id.rsplit(":", 1)[1]) for j in q2.jobs("waiting", limit=1000)]
     assert all(due > recorded["tick"] for due in dues)
     assert len(dues) == len(set(dues))
+
+
+def test_a_floored_scheduler_takes_the_lead_from_one_for_crons_alone(
+        floor: Floor, redis_url: str, queue_name: str) -> None:
+    """A supervisor without a floor leads a queue that has crons; one with the floor
+    joining the same queue must not stand by behind it (no fold, no restore of spilled
+    jobs, no rehydration for as long as the floor-less one lives)."""
+    client = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=client)
+    q.add_cron("nightly", "0 3 * * *", "report")
+    crons_alone = Scheduler(queue_name, client, None, beat_ms=100, horizon_s=3600)
+    _tick(crons_alone)
+    assert crons_alone.fence is not None  # the queue has a cron: it leads
+    q.add("later", {}, delay=60, job_id="later-1")  # deferred: the floor must get it
+    floored = Scheduler(queue_name, client, floor, beat_ms=100, horizon_s=3600)
+    _tick(floored)  # well within the floor-less one's leader lease
+    assert floored.fence is not None
+    wait_until(lambda: _tick(floored) or floor.count(queue_name) == 1, 10,
+               "the deferred job folded by the scheduler with the floor")
+    _tick(crons_alone)  # deposed: it stands down and does not take the lead back
+    assert crons_alone.fence is None
+    _tick(floored)
+    assert floored.fence is not None
+    assert [k for k, _, _ in floor.cron_rows(queue_name)] == ["nightly"]
+
+
+def test_a_cron_added_with_the_floor_during_the_mirror_survives_valkey_loss(
+        floor: Floor, server: LocalRedis) -> None:
+    """The scheduler mirrors Valkey's crons onto the floor (deleting the floor's others)
+    from what it read earlier in its beat; a producer with the floor adds a cron between
+    that read and the mirror's write. add_cron promised the cron is on the floor when it
+    returned: Valkey restarting empty right after must not lose it."""
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("mq", redis=client, floor=floor)
+    q.add_cron("a", "0 3 * * *", "x")
+    sched = Scheduler("mq", client, floor, beat_ms=100, horizon_s=3600)
+    real = sched.crontab.sync_floor
+
+    def add_first(fence: int) -> None:  # the race, forced: after the read, before the write
+        sched.crontab.sync_floor = real  # type: ignore[method-assign]
+        q.add_cron("b", "*/5 * * * *", "y")
+        real(fence)
+
+    sched.crontab.sync_floor = add_first  # type: ignore[method-assign]
+    _tick(sched)
+    assert sched.crontab.sync_floor is real  # the hook ran
+    sched.close()
+    client.close()
+    server.restart_empty()
+    client2 = redis.Redis.from_url(server.url)
+    sched2 = Scheduler("mq", client2, floor, beat_ms=100, horizon_s=3600)
+    _tick(sched2)  # the crons come back from the floor
+    assert [c.key for c in echomq.Queue("mq", redis=client2).crons()] == ["a", "b"]
+    sched2.close()
+    client2.close()

@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
+from sqlalchemy import event
+
+from echomq.floor import Floor
 from echomq.floor.engine import make_engine
 
 
@@ -62,3 +66,55 @@ def test_the_forking_threads_own_connection_does_not_hold_its_fork(tmp_path: Pat
             os._exit(0)
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     engine.dispose()
+
+
+def _held_fork_while(tmp_path: Path, floor_call: Callable[[], object], hold: threading.Event,
+                     release: threading.Event) -> None:
+    """Run ``floor_call`` on a thread until it reaches ``hold`` (a hook inside its SQLite
+    work), fork meanwhile: the fork must wait until the thread is let go."""
+    worker = threading.Thread(target=floor_call)
+    worker.start()
+    assert hold.wait(10)
+    forked, codes = threading.Event(), []
+    forker = threading.Thread(target=_fork_child_that_uses_sqlite,
+                              args=(tmp_path / "child.db", forked, codes))
+    forker.start()
+    try:
+        assert not forked.wait(1.0), "forked while another thread was inside SQLite"
+    finally:
+        release.set()
+        assert forked.wait(30), "the fork never went on after the thread left SQLite"
+        forker.join(30)
+        worker.join(30)
+    assert codes == [0]
+
+
+def _blocking_hook(hold: threading.Event, release: threading.Event) -> Callable[..., None]:
+    def hook(*_args: object) -> None:
+        if not hold.is_set():
+            hold.set()
+            release.wait(30)
+    return hook
+
+
+def test_a_fork_waits_for_a_thread_setting_up_a_new_floor_connection(tmp_path: Path) -> None:
+    # the engine's connect listeners (busy_timeout, WAL, the dialect's first queries) run
+    # after the driver's connect returned and before the checkout: SQLite work all the same
+    floor = Floor.from_url(f"sqlite:///{tmp_path / 'floor.db'}")
+    floor.upgrade()
+    floor.dispose()  # the next call opens a new connection
+    hold, release = threading.Event(), threading.Event()
+    event.listen(floor._engine, "connect", _blocking_hook(hold, release))
+    _held_fork_while(tmp_path, lambda: floor.count("q"), hold, release)
+    assert floor.count("q") == 0
+    floor.dispose()
+
+
+def test_a_fork_waits_for_a_thread_closing_the_floors_connections(tmp_path: Path) -> None:
+    floor = Floor.from_url(f"sqlite:///{tmp_path / 'floor.db'}")
+    floor.upgrade()  # leaves a pooled connection for dispose() to close
+    hold, release = threading.Event(), threading.Event()
+    event.listen(floor._engine, "close", _blocking_hook(hold, release))
+    _held_fork_while(tmp_path, floor.dispose, hold, release)
+    assert floor.count("q") == 0
+    floor.dispose()
