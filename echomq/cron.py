@@ -138,22 +138,45 @@ def _iter(spec_expr: str, tz: str, start_ms: int) -> Any:
     return croniter(spec_expr, start)
 
 
+def _fixed_hour(expr: str) -> bool:
+    """True when the expression names its hours outright (digits and commas): such a job
+    runs once at its wall time, also in the hour a fall-back repeats (Vixie cron's rule);
+    one with a wildcard, step or range in the hour runs by the clock, twice there."""
+    fields = expr.split()
+    return len(fields) >= 5 and all(c.isdigit() or c == "," for c in fields[1])
+
+
+def _repeat(due_ms: int, tz: str) -> bool:
+    """True when ``due_ms`` is the second instant of a wall time the zone repeats."""
+    return datetime.fromtimestamp(due_ms / 1000, tz=zone(tz)).fold == 1
+
+
+def _dues(it: Any, step: str, expr: str, tz: str) -> Iterator[int]:
+    """Due times (ms) from a croniter, without the repeats of a fixed-hour expression."""
+    fixed = _fixed_hour(expr)
+    while True:
+        due = int(round(getattr(it, step)(float) * 1000))
+        if not (fixed and _repeat(due, tz)):
+            yield due
+
+
 def next_after(expr: str, tz: str, after_ms: int) -> int:
     """The first due time (ms) strictly after ``after_ms``."""
-    return int(round(_iter(expr, tz, after_ms).get_next(float) * 1000))
+    return next(_dues(_iter(expr, tz, after_ms), "get_next", expr, tz))
 
 
 def latest_at(expr: str, tz: str, now_ms: int) -> int:
     """The last due time (ms) at or before ``now_ms``."""
-    return int(round(_iter(expr, tz, now_ms + 1).get_prev(float) * 1000))
+    return next(_dues(_iter(expr, tz, now_ms + 1), "get_prev", expr, tz))
 
 
 def due_between(expr: str, tz: str, after_ms: int, until_ms: int,
                 limit: int = MAX_FIRES) -> Iterator[int]:
-    """Due times in ``(after_ms, until_ms]``, earliest first, at most ``limit``."""
-    it = _iter(expr, tz, after_ms)
+    """Due times in ``(after_ms, until_ms]``, earliest first, at most ``limit``. A
+    fixed-hour expression runs once in an hour the zone repeats (the first instant)."""
+    dues = _dues(_iter(expr, tz, after_ms), "get_next", expr, tz)
     for _ in range(limit):
-        due = int(round(it.get_next(float) * 1000))
+        due = next(dues)
         if due > until_ms:
             return
         yield due

@@ -214,13 +214,14 @@ def test_re_adding_a_cron_unchanged_keeps_the_occurrences_due_meanwhile(
     assert changed.last_ms is not None and changed.last_ms >= first.last_ms + 1500
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "croniter yields both instants of a wall time the fall-back hour repeats (02:30 CEST "
-    "and 02:30 CET on 2026-10-25 in Paris), and the scheduler admits each as its own "
-    "occurrence: a daily cron set in that hour runs twice that day. Running a fixed-time "
-    "cron once there (Vixie cron's rule) needs a rule for which expressions are fixed-time "
-    "(hour and minute fields without wildcards or steps), beyond a contained fix"))
 def test_a_daily_cron_in_the_repeated_hour_runs_once_on_the_fall_back_day() -> None:
     day = _ms(2026, 10, 24, 12, 0, 0)  # noon UTC the day before; Paris falls back at 03:00
     dues = list(cron.due_between("30 2 * * *", "Europe/Paris", day, day + 86_400_000))
     assert len(dues) == 1
+    assert dues == [_ms(2026, 10, 25, 0, 30, 0)]  # 02:30 CEST, the first of the two
+    # the next occurrence after it is the next day's, not the repeated 02:30 CET
+    assert cron.next_after("30 2 * * *", "Europe/Paris", dues[0]) == _ms(2026, 10, 26, 1, 30, 0)
+    # an hourly expression runs by the clock: once an hour, both 02:30s of the day
+    hourly = list(cron.due_between("30 * * * *", "Europe/Paris", day, day + 86_400_000))
+    assert len(hourly) == 24
+    assert _ms(2026, 10, 25, 0, 30, 0) in hourly and _ms(2026, 10, 25, 1, 30, 0) in hourly
