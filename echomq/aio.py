@@ -56,7 +56,7 @@ from echomq.errors import ConnectionFailed, JobFailed, JobNotFound
 from echomq.job import Job
 from echomq.keys import REGISTRY, validate_job_id, validate_name
 from echomq.queue import Queue as SyncQueue
-from echomq.queue import deferred_ids, has_deferred, limit_value
+from echomq.queue import backfill_args, deferred_ids, has_deferred, limit_value
 
 COMMAND_CONNECTIONS = 32  # a bounded pool for commands
 CLUSTER_CONNECTIONS = 256  # per cluster node: redis-py's cluster pool refuses past it
@@ -281,7 +281,15 @@ class Queue:
         with translated(self.where):
             answer = await evalsha(self.redis, scripts.CANCEL, scripts.cancel_keys(self.keys),
                                    scripts.cancel_args(self.keys, job_id))
-        return scripts.Cancelled(int(answer)) is scripts.Cancelled.CANCELLED
+            done = scripts.Cancelled(int(answer)) is scripts.Cancelled.CANCELLED
+            if done and self.floor is not None:  # the row goes before we return, as in Queue
+                rows = await asyncio.to_thread(self.floor.rows, self.name, [job_id])
+                if rows and await self.redis.hget(self.keys.job(job_id), "spilled"):
+                    await evalsha(self.redis, scripts.BACKFILL, [self.keys.cancelled],
+                                  backfill_args(self.keys, rows))
+                if rows:
+                    await asyncio.to_thread(self.floor.close_jobs, self.name, [job_id], None)
+        return done
 
     async def pause(self) -> bool:
         """Stop handing out jobs; False if already paused. See :meth:`echomq.Queue.pause`."""

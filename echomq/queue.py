@@ -416,10 +416,22 @@ class Queue:
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a waiting or scheduled job (state ``cancelled``). False when the job is
-        unknown, active (it cannot be cancelled here) or already finished."""
+        unknown, active (it cannot be cancelled here) or already finished.
+
+        With a floor (``Queue(floor=...)``) the job's floor row is gone before this
+        returns, so the cancel holds even if Valkey loses its data right after; without
+        one, the supervisor's scheduler drops the row within a beat."""
         validate_job_id(job_id)
         with translated(self.where):
-            return scripts.cancel(self.redis, self.keys, job_id) is scripts.Cancelled.CANCELLED
+            done = scripts.cancel(self.redis, self.keys, job_id) is scripts.Cancelled.CANCELLED
+            if done and self.floor is not None:
+                rows = self.floor.rows(self.name, [job_id])
+                if rows and self.redis.hget(self.keys.job(job_id), "spilled"):
+                    scripts.BACKFILL(self.redis, [self.keys.cancelled],
+                                     backfill_args(self.keys, rows))
+                if rows:
+                    self.floor.close_jobs(self.name, [job_id], None)
+        return done
 
     def jobs(self, state: str, limit: int = 100) -> list[Job]:
         """Up to ``limit`` jobs in ``state`` (oldest first; waiting: lane by lane)."""
@@ -599,6 +611,17 @@ class Queue:
         self.redis.close()
         if self._waiters is not None:
             self._waiters.disconnect()
+
+
+def backfill_args(k: Keys, rows: Sequence[Any]) -> list[Any]:
+    """ARGV of backfill.lua: the floor rows' fields, copied into cancelled spilled jobs."""
+    args: list[Any] = [k.prefix]
+    for row in rows:
+        if row.error is None:
+            args += [row.job_id, len(row.fields)]
+            for key, value in row.fields.items():
+                args += [key, value]
+    return args
 
 
 def has_deferred(specs: Sequence[tuple[str, list[Any], int | None]]) -> bool:

@@ -33,6 +33,7 @@ from echomq.connection import UNAVAILABLE_ERRORS
 from echomq.errors import FloorError, StaleFence
 from echomq.floor import Floor, FloorRow
 from echomq.keys import Keys
+from echomq.queue import backfill_args
 
 log = logging.getLogger("echomq.scheduler")
 BATCH = 1000
@@ -452,12 +453,7 @@ class Scheduler:
                 marked.append(job_id)
         if not marked:
             return done
-        args: list[Any] = [self.keys.prefix]
-        for row in self.floor.rows(self.queue, marked):
-            if row.error is None:
-                args += [row.job_id, len(row.fields)]
-                for k, v in row.fields.items():
-                    args += [k, v]
+        args = backfill_args(self.keys, self.floor.rows(self.queue, marked))
         if len(args) > 1:
             scripts.BACKFILL(self.client, [self.keys.cancelled], args)
         return done

@@ -212,8 +212,9 @@ class Floor:
         """Close every pooled connection (same as :meth:`dispose`)."""
         self.dispose()
 
-    def close_jobs(self, queue: str, job_ids: Iterable[str], fence: int) -> int:
-        """Delete the rows of jobs that completed or died; returns how many existed."""
+    def close_jobs(self, queue: str, job_ids: Iterable[str], fence: int | None) -> int:
+        """Delete the rows of jobs that completed, died or were cancelled (``fence`` None:
+        a producer's own cancel); returns how many existed."""
         ids = _unique(job_ids)
         if not ids:
             return 0
