@@ -141,6 +141,10 @@ def test_fire_admits_each_occurrence_once(redis_url: str, queue_name: str) -> No
     assert job is not None and job.payload == {"n": 1} and job.lane == "cl"
     assert job.name == "beat" and job.state == "waiting"
     assert int(q.redis.hget(q.keys.cronlast, "k")) == dues[1]
+    # the occurrence's job finished and its hash went (no retention): still not again
+    q.redis.delete(q.keys.job(cron.job_id("k", dues[1])))
+    assert scripts.CRON_FIRE(q.redis, cron.fire_keys(q.keys), [*fire, dues[1]])[0] == 0
+    assert not q.redis.exists(q.keys.job(cron.job_id("k", dues[1])))
     # a fire computed from an older rev (the cron was replaced) admits nothing
     q.add_cron("k", "* * * * * *", "beat")
     reply = scripts.CRON_FIRE(q.redis, cron.fire_keys(q.keys), [*fire, dues[1] + 1000])

@@ -302,3 +302,26 @@ def test_progress_with_a_stale_token_changes_nothing(redis_url: str, queue_name:
     assert job is not None and job.progress == {"step": 1}
     assert r.zscore(q.keys.leases, job_id) == 5  # the new holder's lease is untouched
     assert lanes.progress(job_id, second.token, {"step": 3})
+
+
+def test_a_single_claim_keeps_the_waiting_counter_exact(redis_url: str,
+                                                        queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add_many([("x", i) for i in range(3)])
+    lanes = _lanes(q)
+    for _ in range(3):
+        assert len(lanes.claim(1)) == 1
+        assert scripts.counts(q.redis, q.keys, fast=True) == scripts.counts(q.redis, q.keys)
+
+
+def test_cancel_tells_a_running_job_from_a_finished_one(redis_url: str,
+                                                        queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    running, finished = q.add("x", 1), q.add("x", 2)
+    lanes = _lanes(q)
+    first, second = lanes.claim(2)
+    lanes.settle([Outcome(second.id, second.token, "c", "", 0)])
+    assert scripts.cancel(q.redis, q.keys, running) is scripts.Cancelled.ACTIVE
+    assert scripts.cancel(q.redis, q.keys, finished) is scripts.Cancelled.FINISHED
+    job = q.get(running)
+    assert job is not None and job.state == "active"
