@@ -234,6 +234,14 @@ def supervisor_workload(server: LocalRedis, role_url: str, tmp_path: Path,
               "--beat-ms", "100", "--lease-ms", "600", "--spill-horizon", "30",
               "--health-port", str(port), env={"ECHOMQ_TEST_LEDGER_URL": ledger_url})
     q = echomq.Queue("acl-sup", redis=admin(server))
+    # flow control (docs/flow-control.md): a lane limit that blocks and reopens the
+    # default lane, a rate-limited lane and a priority level
+    q.set_lane_limit("default", max_active=2)
+    q.set_lane_limit("rated", rate=1000, per_s=1.0)
+    ids_flow = [q.add("x", {}, lane="rated"), q.add("x", {}, priority=5),
+                *q.add_many([("x", {}) for _ in range(5)])]
+    wait_until(lambda: all(q.get(i).state == "completed" for i in ids_flow),  # type: ignore[union-attr]
+               60, "the flow-controlled jobs")
     # past the 1000 completed jobs a queue keeps: settling trims the oldest
     bulk = q.add_many([("x", {}) for _ in range(1001)])
     ids = [bulk[-1], q.add("x", {}, delay=0.2), q.add("x", {"fail_first": True}, backoff=0.1),
