@@ -13,6 +13,7 @@ import redis
 
 import echomq
 from echomq.concurrent import default_prefetch
+from echomq.lanes import Lanes
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -131,3 +132,43 @@ def _warmed_up(q: echomq.Queue, handler: Callable[[echomq.Job], Any], concurrenc
     q.add_many([("x", {"fast": True}) for _ in range(jobs)])
     _wait(lambda: q.counts()["completed"] == jobs, 10, "the warm-up jobs")
     return consumer, thread
+
+
+def _suspect(q: echomq.Queue, payload: dict[str, Any]) -> str:
+    """A job released as a suspect of a process crash (reap.lua "suspect"): marked to run
+    alone on its next claim."""
+    job_id = q.add("x", payload)
+    lanes = Lanes(q.redis, q.keys, q.settings)
+    [claimed] = lanes.claim(1)
+    assert lanes.release([(claimed.id, claimed.token)], "suspect") == (1, 0)
+    return job_id
+
+
+def test_a_suspect_handed_back_from_the_buffer_unstarted_still_runs_alone_next_time(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    gate = threading.Event()
+    started: list[str] = []
+
+    async def gated(job: echomq.Job) -> None:
+        if job.payload.get("fast"):
+            return
+        started.append(job.id)
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, 30)
+
+    consumer, thread = _warmed_up(q, gated, 2)
+    running = q.add("x", {"n": 0})
+    _wait(lambda: started == [running], 10, "the first job to run")
+    # the suspect is claimed beside the running job: it waits in the buffer, unstarted
+    suspect = _suspect(q, {"n": 1})
+    _wait(lambda: q.counts()["active"] == 2, 10, "the suspect to be buffered")
+    assert started == [running]
+    consumer.stop()  # hands the buffered suspect back unstarted
+    _wait(lambda: q.get(suspect).state == "waiting", 10,  # type: ignore[union-attr]
+          "the suspect to be handed back")
+    gate.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    # it never ran: which job killed the process is still not known, so it runs alone
+    [again] = Lanes(q.redis, q.keys, q.settings).claim(1)
+    assert again.id == suspect and again.alone, "the hand-back dropped the run-alone mark"
