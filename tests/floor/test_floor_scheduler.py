@@ -252,3 +252,57 @@ def test_a_retried_job_promoted_while_the_fold_lease_had_lapsed_survives_valkey_
     assert job is not None, "a retried job was lost with Valkey's data"
     sched2.close()
     sched.close()
+
+
+def test_a_lapsed_fold_sweep_misses_no_job_when_promote_takes_the_head_between_slices(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("sweepshift", redis=client)
+    sched = _scheduler(client, floor, "sweepshift")
+    _tick(sched)  # takes the lead and sets the epoch
+    client.hset(q.keys.meta, "fold", "1")  # the fold lease ran out: no scheduler meanwhile
+    ids = q.add_many([("d", {"i": i}, {"delay": 600}) for i in range(1500)])
+    assert client.llen(q.keys.fold) == 0  # nobody logs them: only a sweep can fold them
+    sched._start_sweep()
+    sched._sweep()  # the first slice of the schedule set
+    # between two slices the arbiter's promote takes 500 from the head (the test drives
+    # the clock: their due time is now)
+    head = client.zrange(q.keys.schedule, 0, 499)
+    client.zadd(q.keys.schedule, {m: 0 for m in head})
+    assert scripts.promote(client, q.keys, 500)[0] == 500
+    while sched.sweep_offset is not None:
+        sched._sweep()
+    scheduled = {x.decode() for x in client.zrange(q.keys.schedule, 0, -1)}
+    assert len(scheduled) == 1000 and scheduled <= set(ids)
+    on_floor = {row.job_id for row in floor.rows("sweepshift", ids)}
+    missed = scheduled - on_floor
+    assert not missed, f"{len(missed)} scheduled jobs the sweep never folded"
+    sched.close()
+
+
+def test_a_lapsed_fold_sweep_misses_no_waiting_job_when_claims_pop_the_lane_between_slices(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("sweeppop", redis=client)
+    sched = _scheduler(client, floor, "sweeppop")
+    _tick(sched)
+    client.hset(q.keys.meta, "fold", "1")  # lapsed
+    ids = q.add_many([("d", {"i": i}, {"delay": 600}) for i in range(1500)])
+    client.zadd(q.keys.schedule, {m: 0 for m in ids})  # all due: promoted onto the lane
+    assert scripts.promote(client, q.keys, 1500)[0] == 1500
+    sched._start_sweep()
+    sched._sweep()  # the schedule set: empty
+    assert sched.sweep_phase == "lanes"
+    sched._sweep()  # the lane's first slice
+    # between two slices a consumer claims 500 from the lane's head (and runs them)
+    lanes = Lanes(client, q.keys, q.settings)
+    claimed = lanes.claim(500)
+    assert len(claimed) == 500
+    while sched.sweep_offset is not None:
+        sched._sweep()
+    waiting = {x.decode() for x in client.lrange(q.keys.lane("default"), 0, -1)}
+    assert len(waiting) == 1000
+    on_floor = {row.job_id for row in floor.rows("sweeppop", ids)}
+    missed = waiting - on_floor
+    assert not missed, f"{len(missed)} waiting deferred jobs the sweep never folded"
+    sched.close()
