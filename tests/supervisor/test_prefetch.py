@@ -77,17 +77,17 @@ def test_a_killed_child_hands_buffered_jobs_back_uncharged_and_they_run_once(
     [pid] = {p for _, p, _ in _started(r, queue_name)}
     psutil.Process(pid).kill()
     sup.wait_for_log(r"requeued 10, buried 0 \(mode unstarted\)")
-    sup.wait_for_log(r"requeued 20, buried 0 \(mode stall\)")
+    # which of the 20 running killed it is not known: none is charged, each runs alone
+    sup.wait_for_log(r"requeued 20, buried 0 \(mode suspect\)")
     sup.wait_for_log(rf"consumer {pid} killed by SIGKILL, released 30 job")
     r.rpush(f"ledger:{queue_name}:gate", *([1] * 30))
     wait_until(lambda: q.counts()["completed"] == 90, 20, "every job to complete")
     runs = Counter(job_id for job_id, _, _ in _started(r, queue_name))
     assert runs == {j: 2 if j in running else 1 for j in ids}
-    for job_id in ids:  # a buffered job was never charged: one attempt, no stall
+    for job_id in ids:  # nobody was charged: one attempt, no stall
         job = q.get(job_id)
         assert job is not None
-        expected = (2, 1) if job_id in running else (1, 0)
-        assert (job.attempts, job.stalls) == expected, job
+        assert (job.attempts, job.stalls) == (1, 0), job
 
 
 def test_a_recycle_with_a_full_buffer_loses_nothing_and_runs_each_job_once(
