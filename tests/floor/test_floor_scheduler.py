@@ -306,3 +306,33 @@ def test_a_lapsed_fold_sweep_misses_no_waiting_job_when_claims_pop_the_lane_betw
     missed = waiting - on_floor
     assert not missed, f"{len(missed)} waiting deferred jobs the sweep never folded"
     sched.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a deferred job the leases phase has not reached yet, handed back to its lane (a dead "
+    "consumer's release, a reap) after the lanes phase ended, is met by no phase: only the "
+    "fold log could carry it, and neither reap.lua logs a requeued deferred job nor does "
+    "_fold write a waiting one"))
+def test_a_lapsed_fold_sweep_misses_no_job_handed_back_from_its_lease_to_a_swept_lane(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("sweepback", redis=client)
+    sched = _scheduler(client, floor, "sweepback")
+    _tick(sched)
+    client.hset(q.keys.meta, "fold", "1")  # lapsed
+    job_id = q.add("d", {}, delay=600)
+    client.zadd(q.keys.schedule, {job_id: 0})
+    assert scripts.promote(client, q.keys, 10)[0] == 1
+    lanes = Lanes(client, q.keys, q.settings)
+    [claimed] = lanes.claim(1)  # leased to a consumer
+    sched._start_sweep()
+    while sched.sweep_phase != "leases":
+        sched._sweep()  # the schedule set and the lanes: the job is in neither
+    # the consumer dies before the leases phase: the supervisor hands the job back
+    assert lanes.release([(claimed.id, claimed.token)], "unstarted") == (1, 0)
+    while sched.sweep_offset is not None:
+        sched._sweep()
+    assert q.get(job_id).state == "waiting"  # type: ignore[union-attr]
+    assert [row.job_id for row in floor.rows("sweepback", [job_id])] == [job_id], (
+        "a deferred job waiting on its lane has no floor row")
+    sched.close()
