@@ -12,8 +12,9 @@ from typing import Any
 import redis
 
 import echomq
+import echomq.scripts
 from echomq.concurrent import default_prefetch
-from echomq.lanes import Lanes
+from echomq.lanes import Lanes, Outcome
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -170,5 +171,11 @@ def test_a_suspect_handed_back_from_the_buffer_unstarted_still_runs_alone_next_t
     thread.join(10)
     assert not thread.is_alive()
     # it never ran: which job killed the process is still not known, so it runs alone
-    [again] = Lanes(q.redis, q.keys, q.settings).claim(1)
+    lanes = Lanes(q.redis, q.keys, q.settings)
+    [again] = lanes.claim(1)
     assert again.id == suspect and again.alone, "the hand-back dropped the run-alone mark"
+    # its lone run ended without a crash (a failure, retried at once): the mark goes
+    lanes.settle([Outcome(again.id, again.token, "f", "transient", 0)])
+    assert echomq.scripts.promote(q.redis, q.keys, 10)[0] == 1
+    [third] = lanes.claim(1)
+    assert third.id == suspect and not third.alone
