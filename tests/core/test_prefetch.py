@@ -13,7 +13,7 @@ import redis
 
 import echomq
 import echomq.scripts
-from echomq.concurrent import default_prefetch
+from echomq.concurrent import ConcurrentDrain, default_prefetch
 from echomq.lanes import Lanes, Outcome
 
 
@@ -174,3 +174,50 @@ def test_a_suspect_handed_back_from_the_buffer_unstarted_still_runs_alone_next_t
     assert echomq.scripts.promote(q.redis, q.keys, 10)[0] == 1
     [third] = lanes.claim(1)
     assert third.id == suspect and not third.alone
+
+
+def test_a_poke_while_a_claim_that_comes_back_short_is_on_its_way_is_not_lost(
+        redis_url: str, queue_name: str, r: redis.Redis, monkeypatch: Any) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    hold, held, release = threading.Event(), threading.Event(), threading.Event()
+    real_execute = ConcurrentDrain._execute
+
+    async def execute(self: ConcurrentDrain, calls: Any) -> list[Any]:
+        """The hook: a claim's reply, once armed, waits until the test lets it go."""
+        replies = await real_execute(self, calls)
+        if hold.is_set() and any(script is echomq.scripts.CLAIM for script, _, _ in calls):
+            hold.clear()
+            held.set()
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 10)
+        return replies
+
+    monkeypatch.setattr(ConcurrentDrain, "_execute", execute)
+    gate = threading.Event()
+    started: list[str] = []
+
+    async def gated(job: echomq.Job) -> None:
+        started.append(job.id)
+        if job.payload.get("gate"):
+            await asyncio.get_running_loop().run_in_executor(None, gate.wait, 30)
+
+    consumer = echomq.Consumer(q, gated, concurrency=2)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    try:
+        first = q.add("x", {"gate": True})
+        _wait(lambda: started == [first], 10, "the first job to run")
+        hold.set()
+        gate.set()  # it finishes: its settle carries a claim for every free slot
+        assert held.wait(10), "no claim went out with the settle"
+        # the claim found nothing; before its reply is read a job comes and rings
+        second = q.add("x", {})
+        pool = consumer._pool
+        assert pool is not None
+        _wait(lambda: not pool.dry, 10, "the ring to poke the drain")
+        release.set()
+        _wait(lambda: second in started, 10, "the job admitted meanwhile to run")
+    finally:
+        release.set()
+        gate.set()
+        consumer.stop()
+        thread.join(10)
