@@ -100,6 +100,7 @@ class ConcurrentDrain:
         self.claiming = 0  # slots their claims may fill
         self.failures = 0
         self.dry = True  # claim only when poked (or together with a settle)
+        self.pokes = 0  # pokes so far: a claim sent before the latest one does not make us dry
         self.chain = False  # the first claim after a poke rings on if work remains
         self.blocked = False  # the server failed: wait for a poke (or retry, when stopping)
         self.stopping = False
@@ -176,6 +177,7 @@ class ConcurrentDrain:
             quiet.set()
 
     def _on_poke(self) -> None:
+        self.pokes += 1
         self.dry = False
         self.chain = True
         self.blocked = False
@@ -267,7 +269,8 @@ class ConcurrentDrain:
             self.settling += len(outcomes)
             self.claiming += want
             chain, self.chain = self.chain and bool(want), self.chain and not want
-            trip = self.loop.create_task(self._round_trip(outcomes, want, chain, handback))
+            trip = self.loop.create_task(self._round_trip(outcomes, want, chain, handback,
+                                                          self.pokes))
             self.trips.add(trip)
 
     async def _wait(self) -> None:
@@ -276,10 +279,12 @@ class ConcurrentDrain:
         self._wake.clear()
 
     async def _round_trip(self, outcomes: list[Outcome], want: int, chain: bool,
-                          handback: list[tuple[str, str]]) -> None:
+                          handback: list[tuple[str, str]], pokes: int = 0) -> None:
         """Settle finished jobs, claim ``want`` more and hand back unstarted ones, in one
         pipeline (with ``chain``, the claim rings the doorbell when work remains, so parked
-        consumers join in)."""
+        consumers join in). ``pokes``: the poke count when it was sent; a short claim
+        makes the drain dry only if no poke came since (the work it announced came after
+        this claim ran, and its ring is spent)."""
         calls = []
         if outcomes:
             calls.append(self.lanes.settle_call(outcomes))
@@ -316,7 +321,7 @@ class ConcurrentDrain:
             self._take(batch)
             if len(batch) == want:
                 self.dry = False  # more may be waiting
-            elif not self.dry:
+            elif not self.dry and self.pokes == pokes:  # poked meanwhile: claim again
                 self.dry = True
                 self.hooks.on_dry()
         if isinstance(claim_reply, Exception):

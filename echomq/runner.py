@@ -125,10 +125,15 @@ class Runner:
                 if inspect.isawaitable(result):
                     result = await _bounded(result, timeout)
         except asyncio.CancelledError as exc:
+            # the drain never cancels the task a job runs in (a stop lets it finish): the
+            # handler cancelled it, or raised it itself. A failure like any other; raised
+            # on, the job would be neither settled nor handed back, its lease extended for
+            # as long as the process lives
             task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # our own cancellation (a stop): the drain hands the job back
-            self._observe(start)  # the handler raised it itself: a failure like any other
+            if task is not None:
+                while task.uncancel():
+                    pass
+            self._observe(start)
             return self.failed(claimed, exc, timeout)
         except Exception as exc:
             self._observe(start)

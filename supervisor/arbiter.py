@@ -455,19 +455,25 @@ class Arbiter:
             self._release_claims(rt, child.claimer, held)
 
     def _release_claims(self, rt: QueueRuntime, claimer: str, held: set[str]) -> bool:
+        """Read a dead consumer's claims record, hand back what it did not hold, and only
+        then drop the record: a read whose reply was lost (the server ran it) is read
+        again, and a release that ran twice matches no token the second time."""
         key = rt.metronome.keys.claims(claimer)
         try:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.lrange(key, 0, -1)
-            pipe.delete(key)
-            raw, _ = pipe.execute()
+            raw = self.client.lrange(key, 0, -1)
         except UNAVAILABLE_ERRORS as exc:
             log.warning("queue %s: could not read a dead consumer's claims (%s); kept until "
                         "the server answers", rt.spec.name, exc)
             rt.unreleased.append(("claims", claimer, held))
             return False
         unheld = unheld_claims(raw, held)
-        return not unheld or self._release(rt, unheld, "unstarted", quiet=True)
+        if unheld and not self._release(rt, unheld, "unstarted", quiet=True):
+            return False  # kept as jobs: their leases are extended until it answers
+        try:
+            self.client.delete(key)
+        except UNAVAILABLE_ERRORS:
+            pass  # nobody appends to it any more: it expires ten leases after its last claim
+        return True
 
     def _retry_releases(self, rt: QueueRuntime) -> None:
         """Hand back what a dead child held, kept while the server could not take it."""

@@ -87,7 +87,7 @@ class Scheduler:
         self.floor_retry_at = 0.0
         # after a lapse of the fold lease: folding the schedule set, then the deferred jobs
         # promoted meanwhile (on the lanes, then leased), a batch at a time
-        self.sweep_offset: int | None = None
+        self.sweep_offset: int | None = None  # a ZSCAN cursor, or a lane's distance from its tail
         self.sweep_phase = "schedule"
         self.sweep_lanes: list[str] = []
         self.budget_end = 0.0
@@ -339,25 +339,37 @@ class Scheduler:
     def _sweep(self) -> None:
         """Fold one batch of jobs nobody folded: the schedule set's first, then those
         promoted meanwhile, on the lanes, then leased (the way jobs move, so one that
-        moves on during the sweep is met again). Idempotent with the fold log."""
+        moves on during the sweep is met again). Idempotent with the fold log.
+
+        Other processes change these keys between two batches, so no batch is found by
+        its rank: the sets are walked with ZSCAN (every member present from the first
+        batch to the last is returned, whatever promote, spill or settle removed
+        meanwhile) and each lane from its tail (a claim pops its head, which moves no
+        member's distance from the tail)."""
         assert self.sweep_offset is not None
-        start, end = self.sweep_offset, self.sweep_offset + BATCH - 1
-        if self.sweep_phase == "schedule":
-            ids = [_text(x) for x in self.client.zrange(self.keys.schedule, start, end)]
-            rows = self._rows(ids, ("scheduled",))
-        elif self.sweep_phase == "lanes":
+        cursor = self.sweep_offset
+        if self.sweep_phase == "lanes":
             if not self.sweep_lanes:
                 self._next_sweep_phase()
                 return
-            ids = [_text(x) for x in self.client.lrange(self.sweep_lanes[-1], start, end)]
+            ids = [_text(x) for x in self.client.lrange(
+                self.sweep_lanes[-1], -(cursor + BATCH), -(cursor + 1))]
             rows = self._rows(ids, ("waiting",), deferred_only=True)
+            more = len(ids) == BATCH
+            cursor += BATCH
         else:
-            ids = [_text(x) for x in self.client.zrange(self.keys.leases, start, end)]
-            rows = self._rows(ids, ("active",), deferred_only=True)
+            key = self.keys.schedule if self.sweep_phase == "schedule" else self.keys.leases
+            cursor, pairs = self.client.zscan(key, cursor, count=BATCH)
+            ids = [_text(member) for member, _ in pairs]
+            if self.sweep_phase == "schedule":
+                rows = self._rows(ids, ("scheduled",))
+            else:
+                rows = self._rows(ids, ("active",), deferred_only=True)
+            more = cursor != 0
         self.floor.upsert(self.queue, rows, self.fence)
         self.folded += len(rows)
-        if len(ids) == BATCH:
-            self.sweep_offset += BATCH
+        if more:
+            self.sweep_offset = cursor
         elif self.sweep_phase == "lanes" and len(self.sweep_lanes) > 1:
             self.sweep_lanes.pop()
             self.sweep_offset = 0

@@ -7,7 +7,8 @@
   lease token and a lease in the leases zset, expiring lease_ms from the
   server's clock. Ids whose hash is missing are dropped. A job marked to run
   alone (released as a suspect of a process crash, see reap.lua) says so in
-  its reply, and the mark goes: a crash during that lone run is its own. With the chain
+  its reply; the mark stays until the job settles, so one handed back before it
+  ran (a stop, a crash of another job) still runs alone. With the chain
   flag, the doorbell rings when lanes still hold work after the claim, so a
   burst admitted with one ring wakes parked consumers one after another
   instead of one consumer taking it all. A paused queue (the pause flag
@@ -104,7 +105,6 @@ local function take(id, lane, held)
       'started_ms', now)
   end
   redis.call('ZADD', KEYS[2], expiry, id)
-  if f[9] then redis.call('HDEL', jk, 'alone') end
   local n = #out
   out[n + 1] = id
   out[n + 2] = token

@@ -9,9 +9,10 @@
     "stall"     stalls + 1; past max_stalls the job goes dead instead
     "requeue"   nothing (a drain that ran out of time)
     "unstarted" attempts - 1 (the job never began, or its run is not charged)
-    "suspect"   as "unstarted", and marks the job to run alone on its next claim:
+    "suspect"   as "unstarted", and marks the job to run alone until it settles:
                 it was one of several running in a process that died, and which
-                of them killed it is not known
+                of them killed it is not known (a job handed back unstarted keeps
+                the mark; a buried one loses it)
   Given pairs go back to the head of their lanes in the order given (the
   first pair ends up first).
   Rings the doorbell when any job became claimable, and a buried job's result
@@ -89,7 +90,7 @@ for _, id in ipairs(ids) do
     if mode == 'stall' and stalls > (tonumber(f[3]) or 1) then
       redis.call('HSET', jk, 'state', 'dead', 'stalls', stalls, 'finished_ms', now,
         'error', 'stalled ' .. stalls .. ' times: the lease expired or the process running it died')
-      redis.call('HDEL', jk, 'token', 'held')
+      redis.call('HDEL', jk, 'token', 'held', 'alone')
       redis.call('ZADD', KEYS[4], now, id)
       redis.call('HINCRBY', KEYS[5], 'dead', 1)
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[7], id) end

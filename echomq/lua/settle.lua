@@ -10,7 +10,8 @@
         now + retry_ms (state "scheduled", ringing when it becomes the schedule
         head, appended to the fold log when the queue folds); otherwise dead.
     "d" dead at once (an unknown handler, a corrupt payload).
-  A settled job's token is set empty (no token matches it again). A finished
+  A settled job's token is set empty (no token matches it again), and its
+  run-alone mark (claim.lua) goes: its run ended without killing its process. A finished
   job that was ever deferred is appended to the closed log when the
   queue folds, so the floor drops its row. A completed or dead job that a
   result waiter marked ("waited") rings its result doorbell "done:<id>" with
@@ -76,12 +77,13 @@ for i = 0, n - 1 do
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
   local f = redis.call('HMGET', jk, 'token', 'attempts', 'max_attempts', 'deferred', 'waited',
-    'dedup_ms', 'lane', 'held')
+    'dedup_ms', 'lane', 'held', 'alone')
   if f[1] ~= ARGV[b + 1] or ARGV[b + 1] == '' then
     out[i + 1] = 0
   else
     redis.call('ZREM', KEYS[1], id)
     if f[8] == '1' then put_back(f[7]) end
+    if f[9] then redis.call('HDEL', jk, 'alone') end
     local outcome = ARGV[b + 2]
     if outcome == 'f' and (tonumber(f[2]) or 0) < (tonumber(f[3]) or 1) then
       local due = now + math.min(tonumber(ARGV[b + 4]) or 0, 3155760000000)  -- <= 100 years

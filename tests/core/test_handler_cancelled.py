@@ -72,3 +72,36 @@ def test_a_settle_error_in_the_concurrent_drain_does_not_strand_the_other_outcom
         consumer.stop()
         thread.join(10)
         gc.collect()  # the dropped task's unretrieved error is logged here, not mid-import
+
+
+def test_a_handler_that_cancels_its_own_task_is_settled_as_a_failure_not_stranded(
+        redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", None, max_attempts=2, backoff=30)
+    ran = threading.Event()
+
+    async def handler(job: echomq.Job) -> None:
+        ran.set()
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # e.g. a library aborting "the current request" on an error
+        await asyncio.sleep(0)
+
+    consumer = echomq.Consumer(queue_name, handler, redis=redis.Redis.from_url(redis_url),
+                               concurrency=2, lease_ms=2000, beat_ms=100)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    try:
+        assert ran.wait(10), "the handler never ran"
+        deadline = time.monotonic() + 6.0  # three lease periods: the consumer extends it
+        pause = threading.Event()
+        while (job := q.get(job_id)) is not None and job.state == "active" \
+                and time.monotonic() < deadline:
+            pause.wait(0.05)
+        assert job is not None
+        assert job.state == "scheduled" and job.attempts == 1, (
+            f"the job is held for ever, neither run nor settled: {job}")
+    finally:
+        consumer.stop()
+        thread.join(10)
+        gc.collect()

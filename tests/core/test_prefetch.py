@@ -12,8 +12,10 @@ from typing import Any
 import redis
 
 import echomq
+import echomq.scripts
 from echomq import scripts
-from echomq.concurrent import default_prefetch
+from echomq.concurrent import ConcurrentDrain, default_prefetch
+from echomq.lanes import Lanes, Outcome
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -169,3 +171,91 @@ def test_a_job_claimed_again_while_its_old_run_goes_on_is_tracked_as_two_runs(
     assert not thread.is_alive()
     job = q.get(job_id)
     assert job is not None and job.state == "completed"
+
+
+def test_a_suspect_handed_back_from_the_buffer_unstarted_still_runs_alone_next_time(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    gate = threading.Event()
+    started: list[str] = []
+
+    async def gated(job: echomq.Job) -> None:
+        if job.payload.get("fast"):
+            return
+        started.append(job.id)
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, 30)
+
+    consumer, thread = _warmed_up(q, gated, 2)
+    running = q.add("x", {"n": 0})
+    _wait(lambda: started == [running], 10, "the first job to run")
+    # a suspect of a process crash (reap.lua "suspect" marks it so) is claimed beside the
+    # running job: it waits in the buffer, unstarted. Admitted while the queue is paused,
+    # so the consumer's claim is the only one
+    q.pause()
+    suspect = q.add("x", {"n": 1})
+    r.hset(q.keys.job(suspect), "alone", "1")
+    q.resume()
+    _wait(lambda: q.counts()["active"] == 2, 10, "the suspect to be buffered")
+    assert started == [running]
+    consumer.stop()  # hands the buffered suspect back unstarted
+    _wait(lambda: q.get(suspect).state == "waiting", 10,  # type: ignore[union-attr]
+          "the suspect to be handed back")
+    gate.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    # it never ran: which job killed the process is still not known, so it runs alone
+    lanes = Lanes(q.redis, q.keys, q.settings)
+    [again] = lanes.claim(1)
+    assert again.id == suspect and again.alone, "the hand-back dropped the run-alone mark"
+    # its lone run ended without a crash (a failure, retried at once): the mark goes
+    lanes.settle([Outcome(again.id, again.token, "f", "transient", 0)])
+    assert echomq.scripts.promote(q.redis, q.keys, 10)[0] == 1
+    [third] = lanes.claim(1)
+    assert third.id == suspect and not third.alone
+
+
+def test_a_poke_while_a_claim_that_comes_back_short_is_on_its_way_is_not_lost(
+        redis_url: str, queue_name: str, r: redis.Redis, monkeypatch: Any) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    hold, held, release = threading.Event(), threading.Event(), threading.Event()
+    real_execute = ConcurrentDrain._execute
+
+    async def execute(self: ConcurrentDrain, calls: Any) -> list[Any]:
+        """The hook: a claim's reply, once armed, waits until the test lets it go."""
+        replies = await real_execute(self, calls)
+        if hold.is_set() and any(script is echomq.scripts.CLAIM for script, _, _ in calls):
+            hold.clear()
+            held.set()
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 10)
+        return replies
+
+    monkeypatch.setattr(ConcurrentDrain, "_execute", execute)
+    gate = threading.Event()
+    started: list[str] = []
+
+    async def gated(job: echomq.Job) -> None:
+        started.append(job.id)
+        if job.payload.get("gate"):
+            await asyncio.get_running_loop().run_in_executor(None, gate.wait, 30)
+
+    consumer = echomq.Consumer(q, gated, concurrency=2)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    try:
+        first = q.add("x", {"gate": True})
+        _wait(lambda: started == [first], 10, "the first job to run")
+        hold.set()
+        gate.set()  # it finishes: its settle carries a claim for every free slot
+        assert held.wait(10), "no claim went out with the settle"
+        # the claim found nothing; before its reply is read a job comes and rings
+        second = q.add("x", {})
+        pool = consumer._pool
+        assert pool is not None
+        _wait(lambda: not pool.dry, 10, "the ring to poke the drain")
+        release.set()
+        _wait(lambda: second in started, 10, "the job admitted meanwhile to run")
+    finally:
+        release.set()
+        gate.set()
+        consumer.stop()
+        thread.join(10)
