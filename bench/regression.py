@@ -9,7 +9,7 @@ Each round, in one process on one private server: the reference (pipelines of 10
 drained by an in-process `Consumer(...).run(burst=True)`). Both are counted per CPU second
 (this process's CPU time plus the server's, from `INFO cpu`), not per wall second: on a
 loaded machine wall time mostly measures the other tenants, CPU time the work done. The
-ratio of the two rates cancels most of what a slower machine does to both. Five rounds,
+ratio of the two rates cancels most of what a slower machine does to both. Seven rounds,
 interleaved; the median ratio is compared with the baseline and the check fails (exit 1)
 when it dropped by more than the tolerance (20%).
 """
@@ -91,7 +91,7 @@ def measure(rounds: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Measure, then compare with (or with ``--update`` write) the baseline; 1 on a regression."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--update", action="store_true", help="write bench/baseline.json")
     args = parser.parse_args(argv)
     got = measure(args.rounds)
