@@ -353,7 +353,7 @@ class ConcurrentDrain:
         raw = await self.aclient.lrange(self.lanes.keys.claims(self.lanes.claimer), 0, -1)
         unheld = unheld_claims(raw, held)
         if unheld:
-            await self._execute([scripts.release_call(self.lanes.keys, unheld, "unstarted")])
+            await self._execute([self.lanes.release_call(unheld, "unstarted")])
 
     async def _execute(self, calls: Sequence[tuple[scripts.LuaScript, list[str], list[Any]]]
                        ) -> list[Any]:

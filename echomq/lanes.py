@@ -134,8 +134,7 @@ class Lanes:
     def release_call(self, held: Sequence[tuple[str, str]], mode: str
                      ) -> tuple[scripts.LuaScript, list[str], list[Any]]:
         """The release script call for these pairs (for a caller doing its own I/O)."""
-        return (scripts.REAP, scripts.reap_keys(self.keys),
-                scripts.release_args(self.keys, held, mode))
+        return scripts.release_call(self.keys, held, mode)
 
     def extend(self, held: Sequence[tuple[str, str]]) -> list[bool]:
         """Extend the leases of held (job id, token) pairs; one bool per pair, False if lost."""

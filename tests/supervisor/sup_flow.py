@@ -9,21 +9,9 @@ time from the job hash.
 
 from __future__ import annotations
 
-import os
 import time
 
-import redis
-
-_client: redis.Redis | None = None
-_pid = 0
-
-
-def _ledger() -> redis.Redis:
-    global _client, _pid
-    if _client is None or _pid != os.getpid():
-        _client = redis.Redis.from_url(os.environ["ECHOMQ_TEST_LEDGER_URL"])
-        _pid = os.getpid()
-    return _client
+from sup_jobs import _ledger  # type: ignore[import-not-found]  # same directory on the path
 
 
 def ledger(job) -> str:  # type: ignore[no-untyped-def]
