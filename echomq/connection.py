@@ -192,7 +192,13 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
             return _sentinel_client(url, options)
         _tls_options(url, options)
         if cluster_mode(url, options):
-            return _cluster_client(url, options)  # type: ignore[return-value]
+            try:
+                return _cluster_client(url, options)  # type: ignore[return-value]
+            except ConnectionFailed:
+                # the mode seen earlier may be stale (a plain server now listens where a
+                # cluster node did): ask once more before failing
+                if _cluster_urls.pop(url, None) is None or cluster_mode(url, options):
+                    raise
         return redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
@@ -276,7 +282,8 @@ def cluster_mode(url: str, options: dict[str, Any] | None = None) -> bool:
     (asked with the client's ``options``: timeouts, TLS files).
 
     A server that cannot be reached now is taken for a single server (and asked again
-    next time); set ``ECHOMQ_CLUSTER=1`` where a cluster must be assumed from the start.
+    next time); a cluster answer is asked again when a cluster client cannot be made.
+    Set ``ECHOMQ_CLUSTER=1`` where a cluster must be assumed from the start.
     """
     forced = os.environ.get(CLUSTER_ENV, "").strip()
     if forced in ("1", "0"):

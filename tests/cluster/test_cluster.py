@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 import redis
 from echomq.supervisor.localcluster import LocalCluster
+from echomq.supervisor.localredis import LocalRedis, free_port
 from redis.cluster import RedisCluster
 
 import echomq
@@ -203,3 +204,22 @@ def test_concurrent_consumers_drain_queues_on_every_node(
         assert _done(r, n) == Counter({job_id: 1 for job_id in ids[n]}), n
     assert sup.stop() == 0, sup.log[-3000:]
     assert "Traceback" not in sup.log, sup.log[-3000:]
+
+
+def test_a_plain_server_on_a_former_cluster_nodes_address_gets_a_plain_client() -> None:
+    """The mode seen once per URL is not trusted past a failure: a plain server started
+    where a cluster node used to listen (a redeploy, a reused port) is asked again."""
+    port = free_port()
+    node = LocalRedis(port, extra_args=("--cluster-enabled", "yes")).start()
+    try:
+        assert connection.cluster_mode(node.url)
+    finally:
+        node.stop()
+    plain = LocalRedis(port).start()
+    try:
+        assert type(connect(plain.url)) is redis.Redis
+        q = echomq.Queue("former-node", redis_url=plain.url)
+        job_id = q.add("x", {})
+        assert q.get(job_id).state == "waiting"
+    finally:
+        plain.stop()

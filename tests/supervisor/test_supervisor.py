@@ -53,9 +53,11 @@ def test_sigkill_a_child_mid_job_requeues_and_respawns(
     before = set(_children(sup))
     psutil.Process(int(pid)).kill()
     sup.wait_for_log(rf"consumer {pid} killed by SIGKILL, released 1 job")
-    wait_until(lambda: _ran(r, queue_name)[job_id] == 1, 15, "the requeued job to complete")
+    wait_until(lambda: _ran(r, queue_name)[job_id] == 1, 15, "the requeued job to run")
+    # the handler writes the ledger before its outcome settles: wait for the settle too
+    wait_until(lambda: q.get(job_id).state == "completed", 5, "the requeued job to settle")
     job = q.get(job_id)
-    assert job is not None and job.state == "completed" and job.stalls == 1
+    assert job is not None and job.stalls == 1 and _ran(r, queue_name)[job_id] == 1
     assert job.attempts == 2
     wait_until(lambda: len(_children(sup)) == 2, 10, "a respawned consumer")
     assert int(pid) not in _children(sup) and set(_children(sup)) != before
