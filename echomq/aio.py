@@ -536,22 +536,35 @@ async def wait(waiters: redis.asyncio.ConnectionPool, keys: Any, job_id: str,
         await waiters.release(conn)
 
 
+async def _send(conn: Any, *command: Any) -> None:
+    """Send ``command``, raising a cancel the write swallowed.
+
+    redis-py writes under ``asyncio.wait_for``, which on Python 3.11 returns the write's
+    result and drops a cancel that lands as the write completes; the task still counts the
+    request, so a waiter that went on would park (up to a slice) with its caller gone."""
+    task = asyncio.current_task()
+    before = task.cancelling() if task is not None else 0
+    await conn.send_command(*command)
+    if task is not None and task.cancelling() > before:
+        raise asyncio.CancelledError
+
+
 async def _await(conn: Any, keys: list[str], mark: bool) -> Any:
     script = scripts.AWAIT
     command = ["EVALSHA", script.sha, script.num_keys, *keys, "1" if mark else "0"]
-    await conn.send_command(*command)
+    await _send(conn, *command)
     try:
         return await conn.read_response()
     except redis.exceptions.NoScriptError:
-        await conn.send_command("SCRIPT", "LOAD", script.source)
+        await _send(conn, "SCRIPT", "LOAD", script.source)
         await conn.read_response()
-        await conn.send_command(*command)
+        await _send(conn, *command)
         return await conn.read_response()
 
 
 async def _park(conn: Any, key: str, remaining: float | None) -> bool:
     command, read_timeout = results.block_args(key, remaining)
-    await conn.send_command(*command)
+    await _send(conn, *command)
     reply = await conn.read_response(timeout=read_timeout)
     if reply is None:
         # redis.asyncio answers None both for the server's nil and for our own read

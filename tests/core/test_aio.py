@@ -189,6 +189,43 @@ def test_a_cancelled_aio_waiter_leaves_nothing_parked(redis_url: str, queue_name
     _run(main())
 
 
+class CancelAsWritten(redis.asyncio.Connection):
+    """A waiter's connection that cancels ``victim`` the moment its BLMOVE is written:
+    redis-py writes under ``asyncio.wait_for``, which on Python 3.11 returns the write's
+    result and drops a cancel that lands as the write completes."""
+
+    victim: asyncio.Task[Any] | None = None
+
+    async def _send_packed_command(self, command: Any) -> None:
+        await super()._send_packed_command(command)  # type: ignore[misc]
+        if self.victim is not None and any(b"BLMOVE" in bytes(part) for part in command):
+            self.victim.cancel()
+
+
+def test_a_waiter_cancelled_as_its_park_is_written_ends_and_leaves_nothing_parked(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    async def main() -> None:
+        aq = echomq.aio.Queue(queue_name, redis_url=redis_url)
+        jid = await aq.add("x", 1)
+        base = int(r.info("clients")["blocked_clients"])
+        assert aq._waiters is not None
+        aq._waiters.connection_class = CancelAsWritten  # the hook: cancel as the park is sent
+        waiter = asyncio.create_task(aq.result(jid))
+        CancelAsWritten.victim = waiter
+        try:
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(waiter), 5)
+        finally:
+            CancelAsWritten.victim = None
+        deadline = time.monotonic() + 5
+        while int(r.info("clients")["blocked_clients"]) > base:
+            assert time.monotonic() < deadline, "the cancelled BLMOVE stayed parked"
+            await asyncio.sleep(0.005)
+        await aq.close()
+
+    _run(main())
+
+
 def test_1000_concurrent_adds_from_one_loop_are_admitted_once(redis_url: str, queue_name: str,
                                                               r: redis.Redis) -> None:
     before = int(r.info("clients")["connected_clients"])
