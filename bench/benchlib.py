@@ -169,9 +169,10 @@ def supervisor_argv(url: str, queue: str, handler: str, processes: int, *,
 
 
 def start_supervisor(url: str, queue: str, handler: str, processes: int, *,
-                     beat_ms: int | None = None, extra: Sequence[str] = ()) -> Proc:
+                     beat_ms: int | None = None, extra: Sequence[str] = (),
+                     env: dict[str, str] | None = None) -> Proc:
     return Proc(supervisor_argv(url, queue, handler, processes, beat_ms=beat_ms, extra=extra),
-                env={"BENCH_REDIS_URL": url}, tag="supervisor")
+                env={"BENCH_REDIS_URL": url, **(env or {})}, tag="supervisor")
 
 
 def start_consumer(url: str, queue: str, handler: str, *, burst: bool = False,

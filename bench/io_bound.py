@@ -5,6 +5,7 @@
     .venv/bin/python bench/io_bound.py --mode threads           # sync handler, a thread pool
     .venv/bin/python bench/io_bound.py --runs 3 --json -
     .venv/bin/python bench/io_bound.py --observe                # where the rest of the time goes
+    .venv/bin/python bench/io_bound.py --loop asyncio,uvloop    # both event loops, interleaved
 
 Each run: a fresh private server, the jobs bulk-admitted, then ``echomq-supervisor start
 --processes N --concurrency C`` with ``handlers:io_async`` (``asyncio.sleep``) or
@@ -17,6 +18,9 @@ With ``--observe`` (async only) the handler also measures, in each process, how 
 50 ms waits really took (the event loop's lag included: the rate can be at most
 wait / run time of the ideal) and the share of its C slots busy running a job over its
 drain (the rest idled between jobs); both are averaged over the processes.
+
+``--loop`` sets ``ECHOMQ_EVENT_LOOP`` for the consumers (default: ``auto``, uvloop when
+installed); several kinds run interleaved, run by run, on one server build.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import echomq
 
 
 def one_run(mode: str, processes: int, concurrency: int, jobs: int, wait_s: float,
-            timeout: float, observe: bool = False) -> dict[str, Any]:
+            timeout: float, observe: bool = False, loop: str = "auto") -> dict[str, Any]:
     handler = "handlers:io_async" if mode == "async" else "handlers:io_sync"
     if observe:
         handler = "handlers:io_async_observed"
@@ -46,7 +50,8 @@ def one_run(mode: str, processes: int, concurrency: int, jobs: int, wait_s: floa
             q.add_many([("io", payload)] * min(5000, jobs - i))
         launched = time.perf_counter()
         proc = bl.start_supervisor(server.url, name, handler, processes,
-                                   extra=["--concurrency", str(concurrency)])
+                                   extra=["--concurrency", str(concurrency)],
+                                   env={"ECHOMQ_EVENT_LOOP": loop})
         stop_probes = threading.Event()
         probes = threading.Thread(target=_probe, args=(server.url, name, stop_probes),
                                   daemon=True)
@@ -96,33 +101,53 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--observe", action="store_true",
                     help="also report the handlers' real run time and the slots' busy share")
+    ap.add_argument("--loop", default="auto",
+                    help="ECHOMQ_EVENT_LOOP kinds, interleaved: auto, asyncio, uvloop")
     ap.add_argument("--json", metavar="FILE|-")
     args = ap.parse_args(argv)
+    kinds = [k.strip() for k in args.loop.split(",") if k.strip()]
     if args.observe and args.mode != "async":
         ap.error("--observe measures async handlers only")
     wait_s = args.wait_ms / 1000
     results = []
     for c in (int(x) for x in args.concurrency.split(",") if x):
         timeout = max(120.0, 4 * args.jobs * wait_s / (args.processes * c))
-        runs = [one_run(args.mode, args.processes, c, args.jobs, wait_s, timeout, args.observe)
-                for _ in range(args.runs)]
-        ideal = runs[0]["ideal"]
-        results.append({
-            "mode": args.mode, "processes": args.processes, "concurrency": c,
-            "jobs": args.jobs, "ideal": ideal,
-            "rate": bl.summary([x["rate"] for x in runs]),
-            "of_ideal": bl.summary([x["rate"] / ideal for x in runs]),
-            "pickup_p50_ms": bl.summary([x["pickup_p50_ms"] for x in runs]),
-            "pickup_p99_ms": bl.summary([x["pickup_p99_ms"] for x in runs]),
-        })
-        if args.observe:
-            results[-1]["run_ms"] = bl.summary([x["run_ms"] for x in runs])
-            results[-1]["slots_busy"] = bl.summary([x["slots_busy"] for x in runs])
-        print(f"  {args.mode} {args.processes}×{c}: {bl.fmt_range(results[-1]['rate'])} jobs/s",
-              file=sys.stderr)
-    headers = ["handler", "procs × concurrency", "jobs/s", "of ideal", "pickup p50 ms",
+        by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+        for _ in range(args.runs):
+            for kind in kinds:
+                by_kind[kind].append(one_run(args.mode, args.processes, c, args.jobs, wait_s,
+                                             timeout, args.observe, kind))
+        for kind, runs in by_kind.items():
+            _summarize(results, args, c, kind, runs)
+    _report(results, args)
+    return 0
+
+
+def _summarize(results: list[dict[str, Any]], args: argparse.Namespace, c: int, kind: str,
+               runs: list[dict[str, Any]]) -> None:
+    """One row of results: ``runs`` of concurrency ``c`` on event loop ``kind``."""
+    ideal = runs[0]["ideal"]
+    results.append({
+        "mode": args.mode, "loop": kind, "processes": args.processes, "concurrency": c,
+        "jobs": args.jobs, "ideal": ideal,
+        "rate": bl.summary([x["rate"] for x in runs]),
+        "of_ideal": bl.summary([x["rate"] / ideal for x in runs]),
+        "pickup_p50_ms": bl.summary([x["pickup_p50_ms"] for x in runs]),
+        "pickup_p99_ms": bl.summary([x["pickup_p99_ms"] for x in runs]),
+    })
+    if args.observe:
+        results[-1]["run_ms"] = bl.summary([x["run_ms"] for x in runs])
+        results[-1]["slots_busy"] = bl.summary([x["slots_busy"] for x in runs])
+    print(f"  {args.mode} {kind} {args.processes}×{c}: "
+          f"{bl.fmt_range(results[-1]['rate'])} jobs/s", file=sys.stderr)
+
+
+def _report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Print the table and write the JSON."""
+    headers = ["handler", "loop", "procs × concurrency", "jobs/s", "of ideal", "pickup p50 ms",
                "pickup p99 ms"]
-    rows = [[x["mode"], f"{x['processes']} × {x['concurrency']}", bl.fmt_range(x["rate"]),
+    rows = [[x["mode"], x["loop"], f"{x['processes']} × {x['concurrency']}",
+             bl.fmt_range(x["rate"]),
              bl.fmt_range(_percent(x["of_ideal"]), "{:.1f}%"),
              bl.fmt_range(x["pickup_p50_ms"], "{:.1f}"),
              bl.fmt_range(x["pickup_p99_ms"], "{:.1f}")] for x in results]
@@ -135,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         f"EchoMQ I/O-bound drain: {args.jobs:,} jobs waiting {args.wait_ms:g} ms, "
         f"median (min–max) of {args.runs} run(s)", headers, rows)
     bl.emit_json(args.json, {"bench": "io_bound", "results": results})
-    return 0
 
 
 def _percent(summary: dict[str, Any]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ import redis.asyncio
 import redis.exceptions
 from redis.cluster import RedisCluster
 
-from echomq import aio, scripts
+from echomq import aio, loops, scripts
 from echomq.connection import UNAVAILABLE_ERRORS, AsyncRefusalParser, Client, use_refusal_parser
 from echomq.drain import DrainHooks
 from echomq.job import Claimed, parse_claimed
@@ -89,7 +89,7 @@ class ConcurrentDrain:
         # they go back (uncharged) once no round trip is under way
         self.claim_unknown = False
         self.handback: list[tuple[str, str]] = []  # unstarted jobs to release (when stopping)
-        self.loop = asyncio.new_event_loop()
+        self.loop = loops.new_event_loop()
         self.threads = ThreadPoolExecutor(concurrency, thread_name_prefix="echomq-job")
         # by (job id, token): a job claimed again after its old lease was reaped may run
         # twice here at once, and each run is its own

@@ -26,7 +26,7 @@ from typing import Any
 import redis
 import redis.exceptions
 
-from echomq import scripts
+from echomq import loops, scripts
 from echomq.concurrent import ConcurrentDrain
 from echomq.config import QueueSettings
 from echomq.connection import UNAVAILABLE_ERRORS
@@ -61,6 +61,7 @@ class Consumer:
     ) -> None:
         if concurrency is not None:
             overrides["concurrency"] = concurrency
+        loops.loop_kind()  # a bad ECHOMQ_EVENT_LOOP fails here, before any job is claimed
         if job_timeout is not None:
             overrides["job_timeout"] = job_timeout
         if beat_ms is not None:

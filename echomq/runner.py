@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
+from echomq import loops
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.control import Fail, Retry
@@ -177,7 +178,7 @@ class Runner:
 
     def _own_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
-            self._loop = asyncio.new_event_loop()
+            self._loop = loops.new_event_loop()
         return self._loop
 
     def _observe(self, start: float) -> None:

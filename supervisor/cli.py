@@ -23,6 +23,7 @@ from echomq.supervisor.settings import (
     parse_bool,
 )
 
+from echomq import loops
 from echomq.errors import ConfigError, EchoMQError, FloorError, FloorSchemaError, HandlerNotFound
 from echomq.ops.access import TOKEN_ENV as DASHBOARD_TOKEN_ENV
 
@@ -245,6 +246,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     _handler_import_path()  # before the settings: --tasks modules are imported there
     settings = settings_from_args(args)
+    loops.loop_kind()  # a bad ECHOMQ_EVENT_LOOP fails here, not in every consumer's boot
     logs.setup(settings.log_json, settings.log_level)
     floor = _open_floor(settings.floor_url) if settings.floor_url else None
     from echomq.supervisor.scheduler import make_factory

@@ -18,6 +18,10 @@ import redis
 import sqlalchemy as sa
 from echomq.supervisor.localredis import LocalRedis, server_binary
 
+# the suite runs the stock asyncio loop (what an install without the [uvloop] extra gets);
+# tests of uvloop ask for it by name (tests/core/test_event_loop.py)
+os.environ.setdefault("ECHOMQ_EVENT_LOOP", "asyncio")
+
 PG_ADMIN_URL = os.environ.get(
     "ECHOMQ_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )

@@ -77,3 +77,12 @@ async def record_async(job) -> str:  # type: ignore[no-untyped-def]
         time.sleep(float(p["block"]))  # a handler that wrongly blocks its event loop
     await r.rpush(f"ledger:{job.queue}:done", job.id)  # type: ignore[attr-defined]
     return "ok"
+
+
+async def record_loop(job) -> str:  # type: ignore[no-untyped-def]
+    """Push the module of the event loop this async handler runs on."""
+    import asyncio
+
+    loop_module = type(asyncio.get_running_loop()).__module__
+    _ledger().rpush(f"ledger:{job.queue}:loops", loop_module)
+    return loop_module

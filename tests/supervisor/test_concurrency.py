@@ -185,3 +185,20 @@ def test_a_sync_job_past_the_default_limit_ends_its_one_job_process(
     ok = q.add("x", {})
     wait_until(lambda: q.get(ok).state == "completed", 10, "the next job")  # type: ignore[union-attr]
     assert "respawn in" not in sup.log
+
+
+def test_forked_consumers_run_async_jobs_on_uvloop_when_asked(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    """Each forked child makes its own loop after the fork, of the kind ECHOMQ_EVENT_LOOP
+    names; jobs run on it in every child."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    supervisor(redis_url, queue_name, "--processes", "2", "--concurrency", "10",
+               "--handler", "sup_jobs:record_loop",
+               env={"ECHOMQ_TEST_LEDGER_URL": redis_url, "ECHOMQ_EVENT_LOOP": "uvloop"}
+               ).started(2)
+    ids = q.add_many([("x", {}) for _ in range(100)])
+    wait_until(lambda: q.counts()["completed"] == 100, 15, "100 completions")
+    ran_on = r.lrange(f"ledger:{queue_name}:loops", 0, -1)
+    loops_seen = Counter(x.decode().split(".")[0] for x in ran_on)
+    assert loops_seen == {"uvloop": 100}
+    assert {q.result(i, timeout=5).split(".")[0] for i in ids} == {"uvloop"}
