@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 import redis
@@ -24,6 +25,8 @@ from echomq.errors import PermissionDenied
 from echomq.floor import Floor
 from echomq.keys import Keys
 from echomq.lanes import Lanes
+from echomq.ops import cli as ops_cli
+from echomq.ops.dashboard import Dashboard
 
 from .conftest import Proc, wait_until
 
@@ -127,7 +130,20 @@ def producer_workload(floor: Floor) -> Callable[[str], None]:
         # a queue whose supervisor runs "sync": deferred jobs are written through
         synced = echomq.Queue("acl-producer-sync", redis_url=url, floor=floor)
         synced.add("send", {}, delay=60)
+        # results: one of a finished job, one waited for until its timeout (parked)
+        done = echomq.Queue("acl-producer-results", redis_url=url)
+        assert done.result("done-1", timeout=5) == {"ok": 1}
+        with pytest.raises(TimeoutError):
+            done.result("pending-1", timeout=0.05)
     return run
+
+
+def producer_results(server: LocalRedis) -> None:
+    """A finished job and a waiting one, made with the server's default user."""
+    q = echomq.Queue("acl-producer-results", redis=admin(server))
+    q.add("x", {}, job_id="done-1")
+    echomq.Consumer(q, lambda job: {"ok": 1}).run(burst=True)
+    q.add("x", {}, job_id="pending-1")
 
 
 def operator_queue(server: LocalRedis) -> None:
@@ -150,6 +166,8 @@ def operator_queue(server: LocalRedis) -> None:
 
 
 def operator_workload(url: str) -> None:
+    """Inspection and repair from Python, every `echomq` command, and the dashboard's page
+    and actions."""
     q = echomq.Queue("acl-operator", redis_url=url)
     q.ping()
     assert q.counts()["dead"] == 2 and q.stats()["dead"] == 2
@@ -157,6 +175,33 @@ def operator_workload(url: str) -> None:
     assert len(dead) == 2 and q.get(dead[0].id) is not None
     assert q.retry_dead([dead[0].id]) == 1
     assert q.retry_dead() == 1
+    name = q.name
+    waiting = [j.id for j in q.jobs("waiting", 10)]
+
+    def cli(*argv: str) -> None:
+        assert ops_cli.main(["--redis-url", url, "--json", *argv]) == 0, argv
+
+    cli("queues")
+    cli("stats", name)
+    for state in echomq.STATES:
+        cli("jobs", name, "--state", state, "--limit", "5")
+    cli("show", name, waiting[0])
+    cli("cancel", name, waiting[0])
+    cli("pause", name)
+    cli("resume", name)
+    cli("retry", name)
+    for state in ("completed", "dead", "cancelled"):
+        cli("purge", name, "--state", state)
+    cli("crons", name)
+    token = "operator-token-0123456789"
+    board = Dashboard(redis.Redis.from_url(url), allow_actions=True, token=token)
+    assert board.handle("GET", f"/?queue={name}")[0] == 200
+    assert board.handle("GET", f"/?queue={name}&job={waiting[1]}")[0] == 200
+    bearer = {"authorization": f"Bearer {token}"}
+    for action in ({"action": "pause"}, {"action": "resume"}, {"action": "retry"},
+                   {"action": "cancel", "job": waiting[1]}):
+        body = urlencode({**action, "queue": name}).encode()
+        assert board.handle("POST", "/action", body, bearer)[0] == 303, action
 
 
 @pytest.fixture
@@ -187,11 +232,13 @@ def test_docs_give_a_rule_per_role_and_the_manifests_use_them() -> None:
 
 def test_producer_rule_is_exactly_what_a_producer_sends(server: LocalRedis, floor: Floor) -> None:
     rule = doc_rules()["producer"]
+    producer_results(server)
     used = observe(server, "producer", producer_workload(floor))
     assert used == commands(rule), (sorted(used - commands(rule)),
                                     sorted(commands(rule) - used))
     admin(server).flushall()
     admin(server).hset(Keys("acl-producer-sync").meta, "durability", "sync")
+    producer_results(server)
     admin(server).acl_log_reset()
     producer_workload(floor)(set_user(server, "producer", rule))
     assert refusals(server) == []

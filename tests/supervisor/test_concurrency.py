@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import psutil
+import pytest
 import redis
 
 import echomq
@@ -15,6 +16,8 @@ import echomq
 from .conftest import Supervisor, wait_until
 
 Start = Callable[..., Supervisor]
+# the tests of killing and stopping a concurrent consumer run on both event loops
+LOOPS = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 
 
 def _started(r: redis.Redis, queue: str) -> list[tuple[str, int, int]]:
@@ -52,11 +55,13 @@ def test_200_sync_jobs_of_200_ms_finish_in_under_2_s_in_one_process_of_threads(
     assert time.monotonic() - t0 < 2.0
 
 
+@LOOPS
 def test_sigkill_a_child_running_20_jobs_returns_exactly_those_uncharged_to_run_alone(
-        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis, loop: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     sup = supervisor(redis_url, queue_name, "--processes", "1", "--concurrency", "20",
-                     "--handler", "sup_jobs:record_async").started(1)
+                     "--handler", "sup_jobs:record_async",
+                     env={"ECHOMQ_EVENT_LOOP": loop}).started(1)
     ids = q.add_many([("x", {"gate": True}) for _ in range(30)])
     wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 20, 10, "20 running jobs")
     running = {job_id for job_id, _, _ in _started(r, queue_name)}
@@ -77,11 +82,13 @@ def test_sigkill_a_child_running_20_jobs_returns_exactly_those_uncharged_to_run_
     assert all(q.get(j).stalls == 0 for j in ids)  # type: ignore[union-attr]
 
 
+@LOOPS
 def test_sigterm_with_50_in_flight_finishes_them_and_exits_zero(
-        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis, loop: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     sup = supervisor(redis_url, queue_name, "--processes", "1", "--concurrency", "50",
-                     "--handler", "sup_jobs:record_async", "--drain-timeout", "20").started(1)
+                     "--handler", "sup_jobs:record_async", "--drain-timeout", "20",
+                     env={"ECHOMQ_EVENT_LOOP": loop}).started(1)
     q.add_many([("x", {"gate": True}) for _ in range(60)])
     wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 50, 10, "50 running jobs")
     sup.signal(signal.SIGTERM)
