@@ -56,7 +56,7 @@ PEER_PACKAGES = {  # system -> pip requirement, in the shared peers venv
     "huey": "huey",
     "huey_thread": "huey",
     "streaq": "streaq",
-    "taskiq": "taskiq-redis",
+    "taskiq": "taskiq-redis>=1.2.4",  # 1.2.2 imports a name taskiq 0.13 no longer has
 }
 COMMON_PACKAGES = ["psutil", "hiredis", "matplotlib", "gevent"]  # gevent: huey's greenlets
 ARQ_PACKAGES = ["arq", "psutil", "hiredis"]
@@ -238,12 +238,14 @@ def drive(system: str, url: str, workload: str, timeout: float, keep: set[int],
     return result
 
 
-def plan(quick: bool, scale_jobs: int) -> list[tuple[str, str, dict[str, Any], float, bool]]:
-    """(label, workload, params, timeout, scale?) in the order they run."""
-    j = 2_000 if quick else 20_000
+def plan(quick: bool, scale_jobs: int, jobs: int | None = None, cap_s: float | None = None
+         ) -> list[tuple[str, str, dict[str, Any], float, bool]]:
+    """(label, workload, params, timeout, scale?) in the order they run; ``jobs`` and
+    ``cap_s`` override the drains' size and their longest measuring window."""
+    j = jobs or (2_000 if quick else 20_000)
     sj = 20_000 if quick else scale_jobs
     idle_s = 4 if quick else 8
-    cap = 10 if quick else 15
+    cap = cap_s or (10 if quick else 15)
     return [
         ("drain×1", "drain", {"jobs": j, "processes": 1, "max_s": cap}, 300, False),
         ("drain×2", "drain", {"jobs": j, "processes": 2, "max_s": cap}, 300, False),
@@ -312,6 +314,10 @@ def main() -> int:
     ap.add_argument("--scale-jobs", type=int, default=200_000,
                     help="jobs for the scale items (1,000,000 would take well over 25 min)")
     ap.add_argument("--quick", action="store_true", help="small sizes and one run")
+    ap.add_argument("--jobs", type=int, help="jobs per drain (default 20,000)")
+    ap.add_argument("--cap-s", type=float,
+                    help="longest drain measuring window, s (default 15): a slower system's "
+                    "rate is its completions in that window")
     ap.add_argument("--skip-install", action="store_true")
     ap.add_argument("--skip-own", action="store_true", help="skip EchoMQ's own bench/*.py")
     ap.add_argument("--skip-peers", action="store_true")
@@ -333,7 +339,7 @@ def main() -> int:
         for s in systems:
             data["versions"][s] = versions(s)
             data["config"][s] = _config_of(s)
-        steps = plan(args.quick, args.scale_jobs)
+        steps = plan(args.quick, args.scale_jobs, args.jobs, args.cap_s)
         if args.workloads:
             chosen = set(args.workloads.split(","))
             steps = [st for st in steps if st[0] in chosen or st[1] in chosen]
