@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -223,3 +227,30 @@ def test_a_plain_server_on_a_former_cluster_nodes_address_gets_a_plain_client() 
         assert q.get(job_id).state == "waiting"
     finally:
         plain.stop()
+
+
+def test_the_echomq_cli_on_a_cluster_sees_and_operates_queues_of_every_node(
+        cluster: LocalCluster, rc: RedisCluster) -> None:
+    """`echomq` with any node's URL: `queues` lists the queues of every master, and the
+    per-queue commands reach each queue's owning node."""
+    names = spread_queues(rc, 6)
+    ids = {n: echomq.Queue(n, redis=rc).add("x", {"n": i}) for i, n in enumerate(names)}
+
+    def cli(url: str, *argv: str) -> tuple[int, Any]:
+        done = subprocess.run([sys.executable, "-m", "echomq.ops.cli", "--redis-url", url,
+                               "--json", *argv], capture_output=True, text=True, timeout=60)
+        return done.returncode, json.loads(done.stdout) if done.stdout.strip() else None
+
+    for node in cluster.nodes:  # any node's URL, masters and replicas alike
+        code, listing = cli(node.url, "queues")
+        assert code == 0
+        assert {row["queue"] for row in listing} >= set(names)
+    url = cluster.url
+    for n in names:
+        assert cli(url, "stats", n)[1]["waiting"] == 1, n
+        assert cli(url, "show", n, ids[n])[1]["state"] == "waiting", n
+        assert cli(url, "pause", n)[1]["paused"] is True, n
+        assert cli(url, "cancel", n, ids[n])[1]["cancelled"] is True, n
+        assert cli(url, "resume", n)[1]["paused"] is False, n
+        assert cli(url, "purge", n, "--state", "cancelled")[1]["purged"] == 1, n
+        assert echomq.Queue(n, redis=rc).get(ids[n]) is None, n

@@ -2,8 +2,9 @@
 environment variables, never reaches an output surface: log lines (plain and JSON),
 exceptions with their whole chained traceback, /readyz, /metrics, drill reports.
 
-Redis URLs carrying ``?password=`` are not covered here (redact_url's handling of it
-is another change); URLs with ``user:password@`` and env-provided URLs are."""
+Both forms of a Redis URL's credentials are swept: ``user:password@`` and the query's
+``?username=&password=`` (redis-py honours both), given by flag or environment; and the
+``echomq`` CLI's output and errors."""
 
 from __future__ import annotations
 
@@ -43,6 +44,16 @@ def _body(url: str) -> str:
         return ""  # not listening yet
 
 
+FORMS = ["userinfo", "query"]
+
+
+def _redis_url(port: int, password: str, form: str) -> str:
+    """The user "worker" with ``password``, in the URL's userinfo or in its query."""
+    if form == "userinfo":
+        return f"redis://worker:{password}@127.0.0.1:{port}/0"
+    return f"redis://127.0.0.1:{port}/0?username=worker&password={password}"
+
+
 def _clean(text: str, where: str) -> None:
     for secret in (SECRET, FLOOR_SECRET):
         assert secret not in text, f"a password reached {where}:\n{text}"
@@ -65,11 +76,12 @@ def _pg_url(throwaway_database: Callable[[str], str]) -> str:
     return url.set(password=FLOOR_SECRET).render_as_string(hide_password=False)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("log_json", ["false", "true"])
 def test_supervisor_logs_and_health_pages_hold_no_password(
         protected: LocalRedis, queue_name: str, run_supervisor: Callable[..., Proc],
-        throwaway_database: Callable[[str], str], log_json: str) -> None:
-    redis_url = f"redis://worker:{SECRET}@127.0.0.1:{protected.port}/0"
+        throwaway_database: Callable[[str], str], log_json: str, form: str) -> None:
+    redis_url = _redis_url(protected.port, SECRET, form)
     floor_url = _pg_url(throwaway_database)
     env = {"ECHOMQ_REDIS_URL": redis_url, "ECHOMQ_FLOOR_URL": floor_url,
            "ECHOMQ_TEST_LEDGER_URL": redis_url}
@@ -96,15 +108,18 @@ def test_supervisor_logs_and_health_pages_hold_no_password(
     sup.wait_for("available again", 30)
     assert sup.stop() == 0
     _clean(sup.output, f"the supervisor's log (ECHOMQ_LOG_JSON={log_json})")
-    assert "worker:***@" in sup.output  # the URL is shown, redacted
+    shown = "worker:***@" if form == "userinfo" else "password=***"
+    assert shown in sup.output  # the URL is shown, redacted
     if log_json == "true":
         for line in sup.lines:
             json.loads(line)
 
 
+@pytest.mark.parametrize("form", FORMS)
 def test_failures_at_start_name_the_url_without_its_password(
-        protected: LocalRedis, queue_name: str, run_supervisor: Callable[..., Proc]) -> None:
-    wrong = f"redis://worker:wrong-{SECRET}@127.0.0.1:{protected.port}/0"
+        protected: LocalRedis, queue_name: str, run_supervisor: Callable[..., Proc],
+        form: str) -> None:
+    wrong = _redis_url(protected.port, f"wrong-{SECRET}", form)
     unreachable_floor = f"postgresql://echomq:{FLOOR_SECRET}@127.0.0.1:{free_port()}/echomq"
     sup = run_supervisor("start", "--queue", queue_name, "--handler", "sup_jobs:record",
                          "--beat-ms", "100",
@@ -124,14 +139,15 @@ def _formatted(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)) + repr(exc)
 
 
-def test_exceptions_and_their_causes_hold_no_password(protected: LocalRedis) -> None:
-    wrong = f"redis://worker:{SECRET}-no@127.0.0.1:{protected.port}/0"
+@pytest.mark.parametrize("form", FORMS)
+def test_exceptions_and_their_causes_hold_no_password(protected: LocalRedis, form: str) -> None:
+    wrong = _redis_url(protected.port, f"{SECRET}-no", form)
     q = echomq.Queue("q", redis_url=wrong)
     _clean(repr(q), "repr(Queue)")
     with pytest.raises(EchoMQError) as caught:
         q.add("x", {})
     _clean(_formatted(caught.value), "the exception")
-    down = echomq.Queue("q", redis_url=f"redis://worker:{SECRET}@127.0.0.1:{free_port()}/0")
+    down = echomq.Queue("q", redis_url=_redis_url(free_port(), SECRET, form))
     with pytest.raises(echomq.ConnectionFailed) as caught:
         down.ping()
     _clean(_formatted(caught.value), "the exception")
@@ -144,6 +160,26 @@ def test_exceptions_and_their_causes_hold_no_password(protected: LocalRedis) -> 
     with pytest.raises(EchoMQError) as floor_error:
         floor.check_at_head()
     _clean(_formatted(floor_error.value), "the floor's exception")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_cli_output_and_errors_hold_no_password(protected: LocalRedis, queue_name: str,
+                                                form: str) -> None:
+    good = _redis_url(protected.port, SECRET, form)
+    echomq.Queue(queue_name, redis_url=good).add("x", {"n": 1})
+    runs = [
+        (good, ["queues"]), (good, ["--json", "queues"]), (good, ["stats", queue_name]),
+        (good, ["stats", "no-such-queue"]),  # refused: names the queue and the server
+        (_redis_url(protected.port, f"wrong-{SECRET}", form), ["stats", queue_name]),
+        (_redis_url(free_port(), SECRET, form), ["--json", "queues"]),  # unreachable
+    ]
+    codes = []
+    for url, argv in runs:
+        done = subprocess.run([sys.executable, "-m", "echomq.ops.cli", "--redis-url", url,
+                               *argv], capture_output=True, text=True, timeout=60)
+        codes.append(done.returncode)
+        _clean(done.stdout + done.stderr, f"echomq {' '.join(argv)}")
+    assert codes == [0, 0, 0, 1, 1, 1]
 
 
 def test_drill_report_holds_no_password(throwaway_database: Callable[[str], str],

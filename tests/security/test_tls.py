@@ -5,6 +5,7 @@ certificate fails with a message that says so."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
@@ -17,6 +18,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import echomq
+from echomq.ops import cli as ops_cli
 
 from .certs import Certs
 from .conftest import Proc, tls_server, wait_until
@@ -57,6 +59,7 @@ def test_admit_supervisor_result_over_tls(
     wait_until(lambda: all(q.get(i).state == "completed" for i in ids),  # type: ignore[union-attr]
                30, "every job over TLS")
     assert q.get(retried).attempts == 2  # type: ignore[union-attr]
+    assert q.result(now[0], timeout=10) == "ok"  # the result, read over TLS
     assert _get(f"http://127.0.0.1:{port}/readyz") == 200  # the health server's client too
     assert sup.stop() == 0
     assert "Traceback" not in sup.output
@@ -151,3 +154,46 @@ def test_a_standalone_consumer_over_tls(tls_redis: LocalRedis, certs: Certs,
     assert consumer.run(burst=True) == 5
     assert sorted(seen) == list(range(5))
     assert all(q.get(i).state == "completed" for i in ids)  # type: ignore[union-attr]
+
+
+def test_aio_tasks_and_the_cli_over_tls(
+        tls_redis: LocalRedis, certs: Certs, queue_name: str,
+        run_supervisor: Callable[..., Proc], capsys: pytest.CaptureFixture[str]) -> None:
+    """The asyncio producer, tasks (``send`` and ``asend``) and the ``echomq`` CLI reach a
+    TLS-only server through the same rediss:// URL."""
+    url = _url(tls_redis, certs.ca)
+    run_supervisor("start", "--redis-url", url, "--queue", queue_name,
+                   "--handler", "sup_jobs:record", "--processes", "1",
+                   env={"ECHOMQ_TEST_LEDGER_URL": url})
+
+    @echomq.task(queue=queue_name, name="tls.ping")
+    def ping(n: int) -> None:
+        """Admitted over TLS; run by the supervisor's handler (it records any name)."""
+
+    async def produce() -> tuple[str, object, str]:
+        aq = echomq.aio.Queue(queue_name, redis_url=url)
+        try:
+            job_id = await aq.add("x", {"n": 1})
+            value = await aq.result(job_id, timeout=20)
+            sent = await ping.asend(2)
+        finally:
+            await aq.close()
+        return job_id, value, sent
+
+    echomq.configure(redis_url=url)
+    try:
+        job_id, value, asent = asyncio.run(produce())
+        sent = ping.send(3)
+    finally:
+        echomq.configure(redis_url=None)
+    assert value == "ok"
+    q = echomq.Queue(queue_name, redis_url=url)
+    for task_job in (sent, asent):
+        assert q.result(task_job, timeout=20) == "ok"
+        assert q.get(task_job).name == "tls.ping"  # type: ignore[union-attr]
+    capsys.readouterr()
+    assert ops_cli.main(["--redis-url", url, "--json", "show", queue_name, job_id]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["id"] == job_id and shown["state"] == "completed"
+    assert ops_cli.main(["--redis-url", url, "--json", "stats", queue_name]) == 0
+    assert json.loads(capsys.readouterr().out)["completed"] == 3
