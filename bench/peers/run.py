@@ -145,7 +145,9 @@ def machine() -> dict[str, Any]:
             return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
         except Exception as exc:
             return f"({exc})"
-    server = shutil.which("valkey-server") or shutil.which("redis-server") or "redis-server"
+    from echomq.supervisor.localredis import server_binary
+
+    server = server_binary() or "redis-server"  # the binary the private server runs
     return {"nproc": sh(["nproc"]), "free_h": sh(["free", "-h"]), "uname": platform.platform(),
             "cpu": next((line.split(":", 1)[1].strip() for line in
                          Path("/proc/cpuinfo").read_text().splitlines()
