@@ -168,6 +168,14 @@ def _settle_when_blocked(r: redis.Redis, aq: echomq.aio.Queue, base: int) -> Non
     lanes.settle([Outcome(c.id, c.token, "c", json.dumps({"v": 1}))])
 
 
+async def _unparked(r: redis.Redis, base: int) -> None:
+    """Wait (5 s at most) until no more clients are blocked than ``base``."""
+    deadline = time.monotonic() + 5
+    while int(r.info("clients")["blocked_clients"]) > base:
+        assert time.monotonic() < deadline, "the cancelled BLMOVE stayed parked"
+        await asyncio.sleep(0.005)
+
+
 def test_a_cancelled_aio_waiter_leaves_nothing_parked(redis_url: str, queue_name: str,
                                                       r: redis.Redis) -> None:
     async def main() -> None:
@@ -180,10 +188,7 @@ def test_a_cancelled_aio_waiter_leaves_nothing_parked(redis_url: str, queue_name
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
-        deadline = time.monotonic() + 5
-        while int(r.info("clients")["blocked_clients"]) > base:
-            assert time.monotonic() < deadline, "the cancelled BLMOVE stayed parked"
-            await asyncio.sleep(0.005)
+        await _unparked(r, base)
         await aq.close()
 
     _run(main())
@@ -217,10 +222,7 @@ def test_a_waiter_cancelled_as_its_park_is_written_ends_and_leaves_nothing_parke
                 await asyncio.wait_for(asyncio.shield(waiter), 5)
         finally:
             CancelAsWritten.victim = None
-        deadline = time.monotonic() + 5
-        while int(r.info("clients")["blocked_clients"]) > base:
-            assert time.monotonic() < deadline, "the cancelled BLMOVE stayed parked"
-            await asyncio.sleep(0.005)
+        await _unparked(r, base)
         await aq.close()
 
     _run(main())
