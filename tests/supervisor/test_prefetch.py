@@ -142,7 +142,9 @@ def test_a_buffered_job_whose_lease_was_reaped_is_not_started_by_its_old_holder(
         wait_until(expired, 10, "the buffered job's lease to run out")
         assert scripts.reap(r, q.keys)[0] == 3  # a reap (another supervisor's) takes all 3
         r.rpush(f"ledger:{queue_name}:gate", 1)  # a slot frees up in the child
-        wait_until(lambda: r.llen(f"ledger:{queue_name}:done") == 1, 10, "a gated job's end")
+        # at least one: with its parent stopped the child still claims, so the reaped jobs
+        # may be claimed again at once and the non-gated one run to its end as well
+        wait_until(lambda: r.llen(f"ledger:{queue_name}:done") >= 1, 10, "a gated job's end")
     finally:
         sup.signal(signal.SIGCONT)
     r.rpush(f"ledger:{queue_name}:gate", *([1] * 3))
