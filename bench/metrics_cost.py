@@ -15,7 +15,7 @@ bench/drain.py).
 - **unserved** (with ``--modes on,unserved,off``): the stock supervisor without a
   health port: the consumers fold and send, nothing is served or scraped.
 - **off**: ``bench/supervisor_bare.py`` (the same supervisor with the consumers'
-  ``TimedRunner`` replaced by a pass-through, since the supervisor has no switch),
+  ``Observations.fold`` taken away, since the supervisor has no switch),
   no health port, nothing scraped.
 
 Besides jobs/s (wall time, which other load on a shared machine swings by ±50 %), the

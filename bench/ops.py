@@ -28,7 +28,7 @@ from typing import Any
 
 import benchlib as bl
 from echomq.supervisor.localredis import free_port
-from echomq.supervisor.observations import Observations, TimedRunner
+from echomq.supervisor.observations import Observations
 
 import echomq
 from echomq.config import QueueSettings
@@ -68,7 +68,7 @@ def seed(q: echomq.Queue, jobs: int, lanes: int) -> float:
 
 def observation_cost(n: int = 200_000, rounds: int = 7) -> dict[str, float]:
     runner = Runner("q", lambda job: None, QueueSettings())
-    wrapped = TimedRunner(runner, Observations())
+    wrapped = Runner("q", lambda job: None, QueueSettings(), observer=Observations().fold)
     claimed = Claimed("id", "t", "noop", "null", "default", 1, 3, "", int(time.time() * 1000))
     best = {"bare": float("inf"), "timed": float("inf")}
     for _ in range(rounds):
@@ -113,9 +113,8 @@ def drain_overhead(jobs: int, rounds: int) -> dict[str, Any]:
             for mode in ("bare", "timed"):
                 q = echomq.Queue(bl.unique_queue("ovh"), redis=r)
                 bl.admit_noop(q, jobs)
-                runner: Any = Runner(q.name, lambda job: None, q.settings)
-                if mode == "timed":
-                    runner = TimedRunner(runner, Observations())
+                runner = Runner(q.name, lambda job: None, q.settings,
+                                observer=Observations().fold if mode == "timed" else None)
                 drain = Drain(Lanes(r, q.keys, q.settings), runner, _Hooks(runner))
                 t0 = time.perf_counter()
                 drain.run()

@@ -3,24 +3,20 @@
     .venv/bin/python bench/supervisor_bare.py start --redis-url URL --queue Q ...
 
 The supervisor has no switch for its metrics: every consumer folds each job into the
-/metrics histograms (``TimedRunner``) and sends the folded counts over its pipe. This
-entry point replaces ``TimedRunner`` in the worker module with a pass-through before
-the supervisor starts (the forked consumers inherit it), so its consumers run the bare
-runner and send no observations; everything else is the stock supervisor.
+/metrics histograms (``Observations.fold``, the runner's observer) and sends the folded
+counts over its pipe. This entry point takes ``Observations.fold`` away before the
+supervisor starts (the forked consumers inherit it), so their runners have no observer
+and send no observations; everything else is the stock supervisor.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from echomq.supervisor import cli, worker
-
-
-def _bare(runner: Any, _observations: Any) -> Any:
-    return runner
-
+from echomq.supervisor import cli
+from echomq.supervisor.observations import Observations
 
 if __name__ == "__main__":
-    worker.TimedRunner = _bare  # type: ignore[assignment,misc]
+    # a bound method looked up on an instance now reads None: the runner skips its observer
+    Observations.fold = None  # type: ignore[assignment,method-assign]
     raise SystemExit(cli.main(sys.argv[1:]))

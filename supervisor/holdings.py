@@ -33,6 +33,9 @@ TOKEN_MAX = 32
 _ENTRY = struct.Struct(f"<BBBQdd{ID_MAX}s{TOKEN_MAX}s")
 HEADER_SIZE = 16
 ENTRY_SIZE = 320
+_TIMES = struct.Struct("<dd")  # an entry's deadline and timeout, at _TIMES_AT
+_TIMES_AT = 11
+_DROPPED = struct.Struct("<I")
 assert _ENTRY.size <= ENTRY_SIZE and _HEADER.size <= HEADER_SIZE
 
 
@@ -61,74 +64,80 @@ class Holdings:
         self.mem = mmap.mmap(-1, HEADER_SIZE + capacity * ENTRY_SIZE)
         _HEADER.pack_into(self.mem, 0, capacity, 0.0, 0)
         # the child's own bookkeeping (each process has its copy after the fork)
-        self._slots: dict[str, int] = {}
-        self._tokens: dict[str, str] = {}  # job id -> the token it is held under
+        self._held: dict[str, tuple[int, str]] = {}  # job id -> slot, token it is held under
         self._free = list(range(capacity - 1, -1, -1))
         self._seq = 0
         self._deadlines: dict[int, float] = {}
         self._dropped = 0
 
     # --- the child's side -----------------------------------------------------------
+    # on the hot path of every job (the forked consumer calls each once per job): flat,
+    # with the table and the struct's methods looked up once per call
 
     def hold(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Record newly leased jobs, in claim order."""
+        held, free, mem, pack = self._held, self._free, self.mem, _ENTRY.pack_into
         for job_id, token in pairs:
-            if job_id in self._slots:
+            if job_id in held:
                 self.drop([job_id])
-            if not self._free:
+            if not free:
                 raise RuntimeError(f"more than {self.capacity} jobs held at once")
-            slot = self._free.pop()
-            self._slots[job_id] = slot
-            self._tokens[job_id] = token
+            slot = free.pop()
+            held[job_id] = slot, token
             self._seq += 1
-            raw_id, raw_token = job_id.encode()[:ID_MAX], token.encode()[:TOKEN_MAX]
+            raw_id, raw_token = job_id.encode(), token.encode()
             base = HEADER_SIZE + slot * ENTRY_SIZE
-            _ENTRY.pack_into(self.mem, base, FREE, len(raw_id), len(raw_token), self._seq,
-                             0.0, 0.0, raw_id, raw_token)
-            self.mem[base] = HELD  # last: the entry is complete before it counts
+            # struct's "s" cuts a longer value to its size; the length fields are cut alike
+            pack(mem, base, FREE, min(len(raw_id), ID_MAX), min(len(raw_token), TOKEN_MAX),
+                 self._seq, 0.0, 0.0, raw_id, raw_token)
+            mem[base] = HELD  # last: the entry is complete before it counts
 
     def start(self, job_id: str, deadline: float = 0.0, timeout: float = 0.0) -> None:
         """A held job starts running; ``deadline`` (monotonic) is for the parent to enforce."""
-        slot = self._slots.get(job_id)
-        if slot is None:
+        entry = self._held.get(job_id)
+        if entry is None:
             return
-        base = HEADER_SIZE + slot * ENTRY_SIZE
+        base = HEADER_SIZE + entry[0] * ENTRY_SIZE
         if not deadline:
             self.mem[base] = RUNNING
             return
-        struct.pack_into("<dd", self.mem, base + 11, deadline, timeout)
+        _TIMES.pack_into(self.mem, base + _TIMES_AT, deadline, timeout)
         self.mem[base] = RUNNING
-        self._deadlines[slot] = deadline
+        self._deadlines[entry[0]] = deadline
         self._write_deadline()
 
     def finish(self, job_id: str) -> None:
         """A job's handler returned; its outcome is not settled yet."""
-        slot = self._slots.get(job_id)
-        if slot is None:
+        entry = self._held.get(job_id)
+        if entry is None:
             return
-        self.mem[HEADER_SIZE + slot * ENTRY_SIZE] = FINISHED
-        if self._deadlines.pop(slot, None) is not None:
+        self.mem[HEADER_SIZE + entry[0] * ENTRY_SIZE] = FINISHED
+        if self._deadlines and self._deadlines.pop(entry[0], None) is not None:
             self._write_deadline()
 
     def drop_pairs(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Jobs settled or handed back, each with the token it was claimed with: a job
         held again under a newer token (its old lease was reaped and it was claimed
         again) stays held."""
-        self.drop(job_id for job_id, token in pairs if self._tokens.get(job_id) == token)
+        held = self._held
+        self.drop([job_id for job_id, token in pairs
+                   if (entry := held.get(job_id)) is not None and entry[1] == token])
 
     def drop(self, job_ids: Iterable[str]) -> None:
         """Jobs settled or handed back: no longer held."""
+        held, free, mem, deadlines = self._held, self._free, self.mem, self._deadlines
         changed = False
         for job_id in job_ids:
-            slot = self._slots.pop(job_id, None)
-            if slot is None:
+            entry = held.pop(job_id, None)
+            if entry is None:
                 continue
-            self._tokens.pop(job_id, None)
-            self.mem[HEADER_SIZE + slot * ENTRY_SIZE] = FREE
-            self._free.append(slot)
+            slot = entry[0]
+            mem[HEADER_SIZE + slot * ENTRY_SIZE] = FREE
+            free.append(slot)
             self._dropped += 1
-            changed |= self._deadlines.pop(slot, None) is not None
-        struct.pack_into("<I", self.mem, 12, self._dropped & 0xFFFFFFFF)
+            if deadlines and deadlines.pop(slot, None) is not None:
+                changed = True
+        _DROPPED.pack_into(mem, 12, self._dropped & 0xFFFFFFFF)
         if changed:
             self._write_deadline()
 

@@ -15,11 +15,9 @@ import json
 import threading
 import time
 from bisect import bisect_left
-from time import perf_counter
 from typing import Any
 
 from echomq.job import Claimed
-from echomq.lanes import Outcome
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                     30.0, 60.0, 300.0)
@@ -34,7 +32,7 @@ def _entry(size: int) -> list[Any]:
 
 
 class Observations:
-    """The child side: jobs folded in by :class:`TimedRunner`, handed out as an ``OBS`` line.
+    """The child side: jobs folded in by :meth:`fold`, handed out as an ``OBS`` line.
 
     Kept per (job name, outcome code): count, summed duration, duration buckets; and per
     job name for first attempts: count, summed pickup wait, pickup buckets.
@@ -46,6 +44,28 @@ class Observations:
         self.flushed_at = time.monotonic()
         # perf_counter -> unix seconds, refreshed at each flush (pickup needs wall time)
         self.wall_offset = time.time() - time.perf_counter()
+
+    def fold(self, claimed: Claimed, code: str, t0: float, elapsed: float) -> None:
+        """Fold one job in (a :data:`echomq.runner.Observer`): its outcome ``code``, its
+        start ``t0`` (perf_counter) and run time. On the hot path of every job, so flat:
+        two dict look-ups and two bisects (well under a microsecond)."""
+        key = (claimed.name, code)
+        entry = self.by_outcome.get(key)
+        if entry is None:
+            entry = self.by_outcome[key] = _entry(len(DURATION_BUCKETS) + 1)
+        entry[0] += 1
+        entry[1] += elapsed
+        entry[2][bisect_left(DURATION_BUCKETS, elapsed)] += 1
+        if claimed.attempts == 1 and claimed.created_ms:
+            # admission to first start: the host's clock against the server's, so clamped
+            wait = t0 + self.wall_offset - claimed.created_ms / 1000
+            wait = wait if wait > 0.0 else 0.0
+            p = self.pickup.get(claimed.name)
+            if p is None:
+                p = self.pickup[claimed.name] = _entry(len(PICKUP_BUCKETS) + 1)
+            p[0] += 1
+            p[1] += wait
+            p[2][bisect_left(PICKUP_BUCKETS, wait)] += 1
 
     def line(self, force: bool = False) -> bytes | None:
         """The pending observations as one line (and forget them), or None."""
@@ -61,66 +81,11 @@ class Observations:
             d[2] = [a + b for a, b in zip(d[2], buckets, strict=True)]
             finished[f"{name}\t{OUTCOMES.get(code, code)}"] = count
         body = {"d": duration, "p": dict(self.pickup), "f": finished}
-        self.by_outcome.clear()  # cleared, not replaced: TimedRunner holds these dicts
-        self.pickup.clear()
+        self.by_outcome = {}
+        self.pickup = {}
         self.flushed_at = time.monotonic()
         self.wall_offset = time.time() - time.perf_counter()
         return b"OBS " + json.dumps(body, separators=(",", ":")).encode() + b"\n"
-
-
-class TimedRunner:
-    """Wraps a runner: times each job and folds it into ``observations``.
-
-    This is on the hot path of every job, so it is written flat: two clock reads, two
-    dict look-ups and two bisects per job (about a microsecond).
-    """
-
-    def __init__(self, runner: Any, observations: Observations) -> None:
-        self.runner = runner
-        self.inner_run = runner.run
-        self.observations = observations
-        self.by_outcome = observations.by_outcome
-        self.pickup = observations.pickup
-        # the runner's other methods, bound here: __getattr__ costs half a microsecond a call
-        self.timeout_of = runner.timeout_of
-        self.prepare = runner.prepare
-        self.batch_size = runner.batch_size
-
-    def run(self, claimed: Claimed) -> Outcome:
-        """Run the job and fold its duration and outcome into the tally."""
-        t0 = perf_counter()
-        outcome: Outcome = self.inner_run(claimed)
-        return self._fold(claimed, outcome, t0)
-
-    async def run_async(self, claimed: Claimed, job: Any, fn: Any, threads: Any) -> Outcome:
-        """The concurrent drain's way to run a job, timed the same way."""
-        t0 = perf_counter()
-        outcome: Outcome = await self.runner.run_async(claimed, job, fn, threads)
-        return self._fold(claimed, outcome, t0)
-
-    def _fold(self, claimed: Claimed, outcome: Outcome, t0: float) -> Outcome:
-        elapsed = perf_counter() - t0
-        key = (claimed.name, outcome.outcome)
-        entry = self.by_outcome.get(key)
-        if entry is None:
-            entry = self.by_outcome[key] = _entry(len(DURATION_BUCKETS) + 1)
-        entry[0] += 1
-        entry[1] += elapsed
-        entry[2][bisect_left(DURATION_BUCKETS, elapsed)] += 1
-        if claimed.attempts == 1 and claimed.created_ms:
-            # admission to first start: the host's clock against the server's, so clamped
-            wait = t0 + self.observations.wall_offset - claimed.created_ms / 1000
-            wait = wait if wait > 0.0 else 0.0
-            p = self.pickup.get(claimed.name)
-            if p is None:
-                p = self.pickup[claimed.name] = _entry(len(PICKUP_BUCKETS) + 1)
-            p[0] += 1
-            p[1] += wait
-            p[2][bisect_left(PICKUP_BUCKETS, wait)] += 1
-        return outcome
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.runner, name)
 
 
 class Tally:

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from echomq.supervisor import protocol
 from echomq.supervisor.holdings import Holdings
-from echomq.supervisor.observations import Observations, TimedRunner
+from echomq.supervisor.observations import Observations
 
 from echomq import scripts
 from echomq.concurrent import ConcurrentDrain, max_held
@@ -58,17 +58,17 @@ class Worker:
         self.client = client_from_url(redis_url)
         self.lanes = Lanes(self.client, Keys(queue), settings)
         self.lanes.claimer = claimer  # the parent hands back what it claimed but never held
-        self.runner = Runner(queue, handler, settings, progress=self.lanes.progress)
+        self.observations = Observations()
+        self.runner = Runner(queue, handler, settings, progress=self.lanes.progress,
+                             observer=self.observations.fold)
         self.stopping = False
         self.jobs_run = 0
         self.report_jobs = 0
         self.report_wait_us = 0
-        self.observations = Observations()
-        timed = TimedRunner(self.runner, self.observations)
-        self.drain = Drain(self.lanes, timed, self)
+        self.drain = Drain(self.lanes, self.runner, self)
         self.pool: ConcurrentDrain | None = None
         if settings.concurrency > 1 or self.runner.has_async():
-            self.pool = ConcurrentDrain(self.lanes, timed, self, settings.concurrency)
+            self.pool = ConcurrentDrain(self.lanes, self.runner, self, settings.concurrency)
         self.parent_gone = False
         self.claimed_at = 0.0
         self.floor: Any = None
