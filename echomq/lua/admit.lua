@@ -30,12 +30,27 @@ local prefix = ARGV[1]
 local n = tonumber(ARGV[2])
 local out = {}
 local admitted = false
+local any_spilled = redis.call('EXISTS', KEYS[3]) == 1
+-- consecutive jobs of one plain lane go onto it with one RPUSH (a bulk add is mostly such
+-- runs); a run is pushed before anything else is, so lanes join the ring in order
+local run_lane, run_ids = nil, {}
+local function push_run()
+  if not run_lane then return end
+  local lk = prefix .. 'lane:' .. run_lane
+  for j = 1, #run_ids, 1000 do  -- unpack takes a few thousand values at most
+    local last = math.min(j + 999, #run_ids)
+    if redis.call('RPUSH', lk, unpack(run_ids, j, last)) == last - j + 1 then
+      redis.call('RPUSH', KEYS[1], run_lane)  -- the lane was empty: it joins the ring
+    end
+  end
+  run_lane, run_ids = nil, {}
+end
 for i = 0, n - 1 do
   local b = 3 + i * 11
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
   if redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0
-      or redis.call('SISMEMBER', KEYS[3], id) == 1 then
+      or (any_spilled and redis.call('SISMEMBER', KEYS[3], id) == 1) then
     out[i + 1] = 0
   else
     local lane = ARGV[b + 3]
@@ -47,10 +62,11 @@ for i = 0, n - 1 do
     if ARGV[b + 9] ~= '' then redis.call('HSET', jk, 'trace', ARGV[b + 9]) end
     local p = ARGV[b + 10]
     if p == '0' then
-      if redis.call('RPUSH', prefix .. 'lane:' .. lane, id) == 1 then
-        redis.call('RPUSH', KEYS[1], lane)
-      end
+      if run_lane ~= lane then push_run() end
+      run_lane = lane
+      run_ids[#run_ids + 1] = id
     else
+      push_run()
       redis.call('HSET', jk, 'priority', p)
       if redis.call('RPUSH', prefix .. 'lane' .. p .. ':' .. lane, id) == 1 then
         redis.call('RPUSH', prefix .. 'ring' .. p, lane)
@@ -61,6 +77,7 @@ for i = 0, n - 1 do
     admitted = true
   end
 end
+push_run()
 if admitted then
   local added = 0
   for i = 1, n do added = added + out[i] end

@@ -73,6 +73,7 @@ local claimed = 0
 local turns = 0
 local token_base = nil  -- one INCRBY reserves the tokens of the whole batch
 local record = {}  -- id, token pairs for the claimer's record
+local leased = {}  -- expiry, id pairs for the leases zset (one ZADD for the claim)
 local popped = 0
 local remains = false
 local skipped_out = false
@@ -104,7 +105,8 @@ local function take(id, lane, held)
     redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
       'started_ms', now)
   end
-  redis.call('ZADD', KEYS[2], expiry, id)
+  leased[2 * claimed + 1] = expiry
+  leased[2 * claimed + 2] = id
   local n = #out
   out[n + 1] = id
   out[n + 2] = token
@@ -125,7 +127,22 @@ local function take(id, lane, held)
 end
 
 local flow = redis.call('EXISTS', KEYS[7], KEYS[8])  -- limits, priorities: 0 when unused
-if flow == 0 then
+if flow == 0 and redis.call('LLEN', KEYS[1]) == 1 then
+  -- one lane on the ring: round-robin has no one to be fair to, so its ids are popped
+  -- together (the same jobs, in the same order, as one turn each would take)
+  local lane = redis.call('LINDEX', KEYS[1], 0)
+  local lk = prefix .. 'lane:' .. lane
+  while claimed < count and turns < count * 4 do
+    local ids = redis.call('LPOP', lk, count - claimed)
+    if not ids then break end
+    turns = turns + #ids
+    for _, id in ipairs(ids) do take(id, lane) end
+  end
+  if redis.call('LLEN', lk) == 0 then
+    redis.call('LREM', KEYS[1], -1, lane)
+  end
+  remains = redis.call('LLEN', KEYS[1]) > 0
+elseif flow == 0 then
   while claimed < count and turns < count * 4 do
     turns = turns + 1
     local lane = redis.call('LMOVE', KEYS[1], KEYS[1], 'LEFT', 'RIGHT')
@@ -268,6 +285,10 @@ else
       end
     end
   end
+end
+-- unpack takes a few thousand values at most: the leases go in slices
+for i = 1, #leased, 1000 do
+  redis.call('ZADD', KEYS[2], unpack(leased, i, math.min(i + 999, #leased)))
 end
 if popped > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', -popped) end
 if claimed > 0 and ARGV[5] and ARGV[5] ~= '' then

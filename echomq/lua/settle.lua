@@ -49,6 +49,8 @@ local n = tonumber(ARGV[4])
 local fold = (tonumber(redis.call('HGET', KEYS[7], 'fold') or '') or 0) >= now
 local out = {}
 local completed = 0
+local unleased = {}  -- ids whose lease ends here: one ZREM for the call
+local finished = {}  -- now, id pairs of completed jobs kept: one ZADD for the call
 local function ring_done(id, outcome)
   local done = prefix .. 'done:' .. id
   redis.call('LPUSH', done, outcome)
@@ -81,7 +83,7 @@ for i = 0, n - 1 do
   if f[1] ~= ARGV[b + 1] or ARGV[b + 1] == '' then
     out[i + 1] = 0
   else
-    redis.call('ZREM', KEYS[1], id)
+    unleased[#unleased + 1] = id
     if f[8] == '1' then put_back(f[7]) end
     if f[9] then redis.call('HDEL', jk, 'alone') end
     local outcome = ARGV[b + 2]
@@ -102,7 +104,8 @@ for i = 0, n - 1 do
       else
         redis.call('HSET', jk, 'state', 'completed', 'finished_ms', now, 'result', ARGV[b + 3],
           'token', '')
-        redis.call('ZADD', KEYS[4], now, id)
+        finished[#finished + 1] = now
+        finished[#finished + 1] = id
       end
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end
       local dedup = tonumber(f[6])  -- a malformed or out-of-range value reserves nothing
@@ -122,6 +125,13 @@ for i = 0, n - 1 do
     end
   end
 end
+-- unpack takes a few thousand values at most: both go in slices
+for i = 1, #unleased, 1000 do
+  redis.call('ZREM', KEYS[1], unpack(unleased, i, math.min(i + 999, #unleased)))
+end
+for i = 1, #finished, 1000 do
+  redis.call('ZADD', KEYS[4], unpack(finished, i, math.min(i + 999, #finished)))
+end
 if completed > 0 then
   redis.call('HINCRBY', KEYS[6], 'completed', completed)
   -- retention: trim at most 1000 old completed jobs per call, so a call stays short
@@ -130,7 +140,9 @@ if completed > 0 then
     if over > 0 then
       if over > 1000 then over = 1000 end
       local old = redis.call('ZRANGE', KEYS[4], 0, over - 1)
-      for _, oid in ipairs(old) do redis.call('DEL', prefix .. 'job:' .. oid) end
+      local gone = {}
+      for i, oid in ipairs(old) do gone[i] = prefix .. 'job:' .. oid end
+      redis.call('DEL', unpack(gone))
       redis.call('ZREMRANGEBYRANK', KEYS[4], 0, over - 1)
     end
   end
