@@ -86,6 +86,10 @@ class Consumer:
         self._held: dict[str, str] = {}
         self._held_lock = threading.Lock()
         self._drainer = Drain(self.lanes, self.runner, self)
+        # no claim sent ahead: a standalone consumer keeps no claims record and has no
+        # parent, so jobs claimed ahead that it never held would only come back by lease
+        # expiry if it died, charged a stall they did not earn
+        self._drainer.send_ahead = False
         self._concurrent = self.settings.concurrency > 1 or self.runner.has_async()
         self._pool: ConcurrentDrain | None = None  # a fresh one per run() when concurrent
 

@@ -16,7 +16,7 @@ from typing import Protocol
 from echomq.connection import UNAVAILABLE_ERRORS
 from echomq.early import EarlySettle
 from echomq.job import Claimed
-from echomq.lanes import Lanes, Outcome
+from echomq.lanes import Ahead, Lanes, Outcome
 from echomq.runner import Runner
 from echomq.scripts import Settled
 
@@ -50,7 +50,16 @@ class DrainHooks(Protocol):
 
 
 class Drain:
-    """One queue's claim → run → settle loop, driven by :meth:`run`."""
+    """One queue's claim → run → settle loop, driven by :meth:`run`.
+
+    With ``send_ahead`` (a plain server; the default there) and jobs fast enough to be
+    claimed more than one at a time, the settle of a batch and the claim of the batch
+    after next go out before the jobs in hand run, and their reply is read after: the
+    server settles and claims while the consumer runs jobs, instead of each waiting for
+    the other. A job claimed ahead waits at most one batch (the batch size keeps that
+    under ~10 ms); one that is stopped, or that a crash leaves behind, goes back
+    unstarted and uncharged like the rest of its batch.
+    """
 
     def __init__(self, lanes: Lanes, runner: Runner, hooks: DrainHooks) -> None:
         self.lanes = lanes
@@ -61,6 +70,9 @@ class Drain:
         # never saw; they go back (uncharged) before the next claim
         self.claim_unknown = False
         self.early = EarlySettle(lanes)
+        # turned off by an owner that must read a settle's reply before the next job
+        # starts (durability "sync" writes retries through) or must not claim past a limit
+        self.send_ahead = lanes.can_send_ahead()
 
     def run(self) -> None:
         """Drain until a claim is empty or a stop is requested. Network errors and server
@@ -75,25 +87,27 @@ class Drain:
         except UNAVAILABLE_ERRORS:
             self.claim_unknown = True
             raise
+        carried: list[Outcome] = []  # finished outcomes of the batch before, not sent yet
         while batch:
             self.hooks.on_batch(batch)
-            outcomes: list[Outcome] = []
-            for i, claimed in enumerate(batch):
-                if self.hooks.stop_requested():
-                    rest = [(c.id, c.token) for c in batch[i:]]
-                    try:
-                        self.lanes.release(rest, "unstarted")
-                    except UNAVAILABLE_ERRORS:
-                        self.pending = outcomes  # the finished ones settle on the next call
-                        raise
-                    self.hooks.on_unstarted(rest)
-                    break
-                self.hooks.on_start(claimed)
-                outcomes.append(self._run(claimed, outcomes))
-                self.hooks.on_finish(claimed)
-            if self.hooks.stop_requested():
-                self.settle(outcomes)
+            ahead = self._send_ahead(batch, carried)
+            if ahead is None and carried:  # not sent ahead: they settle before it runs
+                carried = self._settle_carried(carried)
+            outcomes = [] if ahead is not None else carried
+            try:
+                rest = self._run_batch(batch, outcomes)
+            except BaseException:  # a handler's KeyboardInterrupt: hold what came ahead
+                if ahead is not None:
+                    self._absorb(ahead, outcomes)
+                raise
+            if rest is not None or self.hooks.stop_requested():
+                self._stop(ahead, outcomes, rest or [])
                 return
+            if ahead is not None:
+                batch = self._read_ahead(ahead, outcomes)
+                if batch:
+                    carried = outcomes
+                    continue
             try:
                 codes, batch = self.lanes.settle_and_claim(outcomes, self.hooks.batch_size())
             except UNAVAILABLE_ERRORS:
@@ -101,6 +115,89 @@ class Drain:
                 self.claim_unknown = True
                 raise
             self._settled(outcomes, codes)
+            carried = []
+
+    def _run_batch(self, batch: Sequence[Claimed], outcomes: list[Outcome]
+                   ) -> list[tuple[str, str]] | None:
+        """Run the batch's jobs, appending their outcomes; at a stop request, the (id,
+        token) pairs of the jobs not started (None when every job ran)."""
+        for i, claimed in enumerate(batch):
+            if self.hooks.stop_requested():
+                return [(c.id, c.token) for c in batch[i:]]
+            self.hooks.on_start(claimed)
+            outcomes.append(self._run(claimed, outcomes))
+            self.hooks.on_finish(claimed)
+        return None
+
+    def _send_ahead(self, batch: Sequence[Claimed], carried: list[Outcome]) -> Ahead | None:
+        """Settle ``carried`` and claim the next batch now, unless the jobs are slow (one
+        at a time: a job claimed ahead would wait a whole job), one must run alone (a
+        crash suspect), or a stop is due."""
+        if not self.send_ahead or any(c.alone for c in batch):
+            return None
+        size = self.hooks.batch_size()
+        if size < 2 or self.hooks.stop_requested():
+            return None
+        try:
+            return self.lanes.send_ahead(carried, size)
+        except UNAVAILABLE_ERRORS:
+            # part of the request may have gone out: the claim may have run, unseen
+            self.claim_unknown = True
+            return None
+
+    def _settle_carried(self, carried: list[Outcome]) -> list[Outcome]:
+        """Settle outcomes carried over from the batch before, before a batch that was not
+        sent ahead runs (a crash of its jobs must not run them again); returns what is
+        still unsettled: all of them when the server is unavailable (they go with this
+        batch's settle, or stay pending)."""
+        try:
+            codes = self.lanes.settle(carried)
+        except UNAVAILABLE_ERRORS:
+            return carried
+        self._settled(carried, codes)
+        return []
+
+    def _read_ahead(self, ahead: Ahead, outcomes: list[Outcome]) -> list[Claimed]:
+        """The reply of a settle-and-claim sent ahead: settles its outcomes, returns the
+        jobs it claimed. On a network error both its outcomes and ``outcomes`` are kept
+        for the next call (whether its settle ran is unknown; settling again is refused
+        as stale, never applied twice)."""
+        try:
+            codes, batch = ahead.read()
+        except UNAVAILABLE_ERRORS:
+            self.pending = ahead.outcomes + outcomes
+            self.claim_unknown = True
+            raise
+        self._settled(ahead.outcomes, codes)
+        return batch
+
+    def _absorb(self, ahead: Ahead, outcomes: list[Outcome]) -> None:
+        """On the way out of an exception: read what was sent ahead and hold what it
+        claimed, so the owner hands those jobs back with the rest; never raises."""
+        try:
+            extra = self._read_ahead(ahead, outcomes)
+        except Exception:  # noqa: BLE001 - the exception in flight is the one to raise
+            return
+        if extra:
+            self.hooks.on_batch(extra)
+
+    def _stop(self, ahead: Ahead | None, outcomes: list[Outcome],
+              rest: list[tuple[str, str]]) -> None:
+        """A stop was requested: hand back the jobs not started (and any claimed ahead),
+        in order, then settle the finished ones."""
+        if ahead is not None:
+            extra = self._read_ahead(ahead, outcomes)
+            if extra:
+                self.hooks.on_batch(extra)
+                rest = rest + [(c.id, c.token) for c in extra]
+        if rest:
+            try:
+                self.lanes.release(rest, "unstarted")
+            except UNAVAILABLE_ERRORS:
+                self.pending = outcomes  # the finished ones settle on the next call
+                raise
+            self.hooks.on_unstarted(rest)
+        self.settle(outcomes)
 
     def _run(self, claimed: Claimed, finished: list[Outcome]) -> Outcome:
         """Run one job; past half its time limit, the ``finished`` outcomes before it are

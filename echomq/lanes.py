@@ -11,12 +11,14 @@ import redis
 
 from echomq import scripts
 from echomq.config import QueueSettings
+from echomq.connection import is_cluster
 from echomq.errors import PayloadError
 from echomq.job import Claimed, parse_claimed
 from echomq.keys import Keys
 from echomq.scripts import Settled
 
 MAX_PROGRESS_BYTES = 16 * 1024
+MIN_POOL_AHEAD = 8  # the smallest connection pool a drain sends requests ahead on
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,20 @@ class Outcome:
     def args(self) -> list[Any]:
         """The outcome as the settle script's five ARGV values."""
         return [self.job_id, self.token, self.outcome, safe_text(self.text), self.retry_ms]
+
+
+class Ahead:
+    """A settle-and-claim written to the server whose reply is not read yet."""
+
+    def __init__(self, in_flight: scripts.InFlight, outcomes: list[Outcome]) -> None:
+        self.in_flight = in_flight
+        self.outcomes = outcomes  # what its settle carries
+
+    def read(self) -> tuple[list[Settled], list[Claimed]]:
+        """The settle's codes (one per outcome) and the jobs claimed."""
+        replies = self.in_flight.read()
+        codes = [Settled(int(c)) for c in replies[0]] if self.outcomes else []
+        return codes, parse_claimed(replies[-1])
 
 
 def record_lane_limit(client: redis.Redis, keys: Keys, max_active: int) -> None:
@@ -115,6 +131,23 @@ class Lanes:
             (scripts.CLAIM, self._claim_keys, self._claim_args(count)),
         ])
         return [Settled(int(c)) for c in codes], parse_claimed(flat)
+
+    def can_send_ahead(self) -> bool:
+        """True when :meth:`send_ahead` may be used: a plain server (not a cluster) whose
+        pool has room for the connection a request sent ahead keeps for a batch beside
+        those the heartbeat, an early settle and handlers (progress, adds) take."""
+        if is_cluster(self.client):
+            return False
+        return getattr(self.client.connection_pool, "max_connections", 0) >= MIN_POOL_AHEAD
+
+    def send_ahead(self, outcomes: Sequence[Outcome], count: int) -> Ahead:
+        """Settle these outcomes and claim up to ``count`` more, without waiting: the
+        request is written now and its reply read by :meth:`Ahead.read` later, so the
+        server works while the consumer runs the jobs in hand."""
+        calls = [(scripts.CLAIM, self._claim_keys, self._claim_args(count))]
+        if outcomes:
+            calls.insert(0, (scripts.SETTLE, self._settle_keys, self._settle_args(outcomes)))
+        return Ahead(scripts.send(self.client, calls), list(outcomes))
 
     def release_unheld(self, held: set[str]) -> int:
         """Hand back, uncharged, the jobs this consumer's claims leased that it does not

@@ -162,6 +162,53 @@ def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
     return _settle(client, calls, results)
 
 
+class InFlight:
+    """Script calls written to a connection whose replies are not read yet (see :func:`send`)."""
+
+    def __init__(self, client: redis.Redis, conn: Any,
+                 calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]) -> None:
+        self.client = client
+        self.conn = conn
+        self.calls = calls
+
+    def read(self) -> list[Any]:
+        """Read every reply (each call's result, in order), hand the connection back and
+        re-run alone each call that did not run, as :func:`execute` does. A network error
+        drops the connection: whether the calls ran is then unknown."""
+        conn, pool = self.conn, self.client.connection_pool
+        results: list[Any] = []
+        try:
+            for _ in self.calls:
+                try:
+                    results.append(conn.read_response())
+                except redis.exceptions.ResponseError as exc:  # read whole: the next is intact
+                    results.append(exc)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        return _settle(self.client, self.calls, results)
+
+
+def send(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
+         ) -> InFlight:
+    """Write script calls in one request without waiting for their replies; the caller
+    reads them later with :meth:`InFlight.read` (meanwhile the connection is its own).
+    For a plain server only: a cluster client goes through :func:`execute`."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command(conn.pack_commands(
+            [("EVALSHA", script.sha, script.num_keys, *keys, *args)
+             for script, keys, args in calls]))
+    except BaseException:
+        conn.disconnect()
+        pool.release(conn)
+        raise
+    return InFlight(client, conn, calls)
+
+
 NOT_RUN = (redis.exceptions.NoScriptError, redis.exceptions.AskError,
               redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
 

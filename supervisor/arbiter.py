@@ -728,14 +728,23 @@ class Arbiter:
                     pass
 
     def _extend_leases(self) -> None:
+        """Extend every lease a live child has: what its holdings list, and what its claims
+        record names beyond them (a claim sent ahead is leased before the child reads its
+        reply and holds it, which a long job before it can delay past a lease). Pairs the
+        child settled or handed back meanwhile match no token and are left as they are."""
         for rt in self.queues.values():
-            held = [h.pair for child in rt.children for h in child.holdings.entries()]
-            held += [pair for kind, pairs, _ in rt.unreleased if kind == "jobs"
-                     for pair in pairs]
-            if not held:
-                continue
             try:
-                scripts.extend(self.client, rt.metronome.keys, rt.settings.lease_ms, held)
+                held = []
+                for child in rt.children:
+                    entries = child.holdings.entries()
+                    held += [h.pair for h in entries]
+                    if child.claimer:
+                        raw = self.client.lrange(rt.metronome.keys.claims(child.claimer), 0, -1)
+                        held += unheld_claims(raw, {h.job_id for h in entries})
+                held += [pair for kind, pairs, _ in rt.unreleased if kind == "jobs"
+                         for pair in pairs]
+                if held:
+                    scripts.extend(self.client, rt.metronome.keys, rt.settings.lease_ms, held)
             except UNAVAILABLE_ERRORS as exc:
                 log.warning("queue %s: lease extension failed: %s", rt.spec.name, exc)
 

@@ -66,6 +66,10 @@ class Worker:
         self.report_jobs = 0
         self.report_wait_us = 0
         self.drain = Drain(self.lanes, self.runner, self)
+        # no claim ahead where a settle must be read before the next job starts (a retry
+        # written through to the floor) or where a claim must stop at the jobs left
+        if (floor_url and settings.durability == "sync") or max_jobs is not None:
+            self.drain.send_ahead = False
         self.pool: ConcurrentDrain | None = None
         if settings.concurrency > 1 or self.runner.has_async():
             self.pool = ConcurrentDrain(self.lanes, self.runner, self, settings.concurrency)

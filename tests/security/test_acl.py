@@ -289,6 +289,9 @@ def supervisor_workload(server: LocalRedis, role_url: str, tmp_path: Path,
                 *q.add_many([("x", {}) for _ in range(5)])]
     wait_until(lambda: all(q.get(i).state == "completed" for i in ids_flow),  # type: ignore[union-attr]
                60, "the flow-controlled jobs")
+    # the limits cleared, the rest is claimed without flow control: one lane, many jobs
+    q.set_lane_limit("default")
+    q.set_lane_limit("rated")
     # past the 1000 completed jobs a queue keeps: settling trims the oldest
     bulk = q.add_many([("x", {}) for _ in range(1001)])
     ids = [bulk[-1], q.add("x", {}, delay=0.2), q.add("x", {"fail_first": True}, backoff=0.1),

@@ -1,0 +1,704 @@
+"""The synchronous drain's send-ahead (echomq/drain.py): the settle of a batch and the
+claim of the batch after next are written before the jobs in hand run, their reply
+read after.
+
+Interleavings are forced with hooks (a consumer or worker subclass, a handler acting at a
+precise moment), a paused server (SIGSTOP) or a forked consumer killed at a known point;
+claims take a fixed number of jobs (the runner's sizing needs a warm-up), so that a batch
+is sent ahead where the tests expect it. Every queue here has one lane, so jobs are
+claimed in the order they were added: with batches of 2, ``run()`` claims [j0], sends
+ahead the claim of [j1, j2], runs j0, reads [j1, j2], sends ahead the settle of j0 with
+the claim of [j3, j4], runs j1 and j2, and so on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import redis
+from echomq.supervisor import protocol
+from echomq.supervisor.arbiter import Arbiter
+from echomq.supervisor.children import Child
+from echomq.supervisor.holdings import Holdings
+from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.settings import QueueSpec, Settings
+from echomq.supervisor.worker import Worker
+
+import echomq
+from echomq import scripts
+from echomq.concurrent import max_held
+from echomq.connection import ServerRefused, client_from_url
+from echomq.job import Claimed
+from echomq.lanes import Lanes
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        pause.wait(0.02)
+
+
+def _add(q: echomq.Queue, n: int) -> list[str]:
+    """``n`` jobs j0..j(n-1) on one lane (claimed in this order)."""
+    return [q.add("x", {"n": i}, job_id=f"j{i}") for i in range(n)]
+
+
+def _leased(r: redis.Redis, q: echomq.Queue) -> set[str]:
+    return {x.decode() for x in r.zrange(q.keys.leases, 0, -1)}
+
+
+def _state(q: echomq.Queue, job_id: str) -> tuple[str, int, int]:
+    job = q.get(job_id)
+    assert job is not None
+    return job.state, job.attempts, job.stalls
+
+
+def _waiting_order(r: redis.Redis, q: echomq.Queue) -> list[str]:
+    """The waiting jobs in the order the next claims would take them (claims them)."""
+    return [c.id for c in Lanes(r, q.keys, q.settings).claim(100)]
+
+
+def _in_use(client: redis.Redis) -> int:
+    """Connections checked out of the client's pool (none once a drain returned)."""
+    return len(client.connection_pool._in_use_connections)  # type: ignore[attr-defined]
+
+
+def _mark_alone(r: redis.Redis, q: echomq.Queue, alone_id: str) -> None:
+    """Make ``alone_id`` a crash suspect (reap.lua's "suspect" mode: it runs alone until it
+    settles) without changing the claim order or any job's attempts."""
+    lanes = Lanes(r, q.keys, q.settings)
+    claimed = lanes.claim(100)
+    cut = [c.id for c in claimed].index(alone_id)
+    # each release goes in front of the one before: the last jobs first
+    lanes.release([(c.id, c.token) for c in claimed[cut + 1:]], "unstarted")
+    lanes.release([(c.id, c.token) for c in claimed[cut:cut + 1]], "suspect")
+    lanes.release([(c.id, c.token) for c in claimed[:cut]], "unstarted")
+
+
+class Probe(echomq.Consumer):
+    """A standalone consumer whose claims take ``size`` jobs, recording each batch it
+    holds; ``batch_hook(n)`` runs when the n-th batch is held, before the drain sends
+    anything ahead for it. A standalone consumer sends nothing ahead (it keeps no claims
+    record); ``ahead=True`` turns it on, to drive the drain's send-ahead paths alone."""
+
+    def __init__(self, *args: Any, size: int = 2, ahead: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # off in a standalone consumer; asked for here, on where a supervised one has it
+        self._drainer.send_ahead = ahead and self.lanes.can_send_ahead()
+        self.size = size
+        self.batches: list[list[str]] = []
+        self.batch_hook: Callable[[int], None] | None = None
+
+    def batch_size(self) -> int:
+        return self.size
+
+    def on_batch(self, batch: Sequence[Claimed]) -> None:
+        super().on_batch(batch)
+        self.batches.append([c.id for c in batch])
+        if self.batch_hook is not None:
+            self.batch_hook(len(self.batches))
+
+
+class ProbeWorker(Worker):
+    """A supervisor's consumer (run in-process or forked) whose claims take 2 jobs."""
+
+    def batch_size(self) -> int:
+        return 2
+
+
+def _fork_worker(redis_url: str, queue: str, settings: echomq.QueueSettings,
+                 handler: Callable[[echomq.Job], Any], claimer: str
+                 ) -> tuple[int, Holdings, socket.socket]:
+    """Fork a supervisor's consumer that drains once (as a poke would have it do), with
+    its holdings table shared like the supervisor's: (pid, holdings, the parent's end)."""
+    holdings = Holdings(max_held(settings.concurrency, settings.claim_batch))
+    parent_end, child_end = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 0
+        try:
+            parent_end.close()
+            worker = ProbeWorker(child_end, queue, redis_url, settings, handler, None, None,
+                                 holdings, claimer)
+            worker.drain.run()
+        except BaseException:  # noqa: BLE001 - reported by the exit code
+            code = 1
+        finally:
+            os._exit(code)
+    child_end.close()
+    return pid, holdings, parent_end
+
+
+def _wait_exit(pid: int, timeout: float = 20.0) -> int:
+    status: list[int] = []
+
+    def gone() -> bool:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            status.append(st)
+        return bool(status)
+
+    try:
+        _wait(gone, timeout, f"consumer {pid} to exit")
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    return status[0]
+
+
+def _hand_back_as_the_supervisor(redis_url: str, queue: str, pid: int, holdings: Holdings,
+                                 sock: socket.socket, claimer: str) -> None:
+    """What the supervisor does when a consumer died: hand back what it held (charged by
+    state) and what its claims record names that it never held."""
+    settings = Settings(redis_url=redis_url, queues=(
+        QueueSpec(queue, "echomq.supervisor.drill_handler:handle"),))
+    arbiter = Arbiter(settings)
+    rt = arbiter.queues[queue]
+    child = Child(queue=queue, slot=0, pid=pid, sock=sock,
+                  reader=protocol.LineReader(sock.fileno()), holdings=holdings,
+                  claimer=claimer)
+    try:
+        arbiter._release_child(rt, child)
+    finally:
+        rt.metronome.doorbell.reset()
+        arbiter.client.close()
+        sock.close()
+
+
+def _arbiter_settings(redis_url: str, queue: str) -> echomq.QueueSettings:
+    settings = Settings(redis_url=redis_url, queues=(
+        QueueSpec(queue, "echomq.supervisor.drill_handler:handle"),))
+    arbiter = Arbiter(settings)
+    try:
+        return arbiter.queues[queue].settings
+    finally:
+        arbiter.queues[queue].metronome.doorbell.reset()
+        arbiter.client.close()
+
+
+# === findings: each of these fails on the change =========================================
+
+
+def test_a_standalone_consumer_holds_every_job_it_leased_while_one_runs(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # the consumer's heartbeat extends only the leases it holds (_held): a standalone
+    # consumer claims nothing ahead, so nothing it leased goes unextended
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = _add(q, 6)
+    unheld: dict[str, set[str]] = {}
+
+    def handler(job: echomq.Job) -> None:
+        unheld[job.id] = _leased(r, q) - set(consumer._held)
+
+    consumer = Probe(q, handler)
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert sorted(unheld) == ids
+    assert {j: s for j, s in unheld.items() if s} == {}, (
+        "jobs leased to this consumer but not held (their leases not extended) while a job "
+        "of the batch before them ran")
+
+
+def test_a_long_job_costs_the_jobs_a_supervised_consumer_claimed_after_it_no_stall(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # a supervised consumer's jobs claimed ahead are leased before it holds them; j0 runs
+    # for more than two leases meanwhile. The supervisor's extension pass (run here as its
+    # timer would) extends what the child's claims record names beyond its holdings, so a
+    # reaper finds nothing expired: j1 and j2 run once, with no stall
+    lease_ms = 1000
+    q = echomq.Queue(queue_name, redis_url=redis_url, lease_ms=lease_ms)
+    ids = _add(q, 5)
+    claimer = os.urandom(8).hex()
+    arbiter = Arbiter(Settings(redis_url=redis_url, lease_ms=lease_ms, queues=(
+        QueueSpec(queue_name, "echomq.supervisor.drill_handler:handle"),)))
+    rt = arbiter.queues[queue_name]
+    runs: Counter[str] = Counter()
+    claimed_ahead: set[str] = set()
+    tick = threading.Event()
+
+    def handler(job: echomq.Job) -> None:
+        runs[job.id] += 1
+        if job.id != "j0":
+            return
+        claimed_ahead.update(_leased(r, q) - {h.job_id for h in worker.holdings.entries()})
+        until = time.monotonic() + 2.5 * lease_ms / 1000
+        while time.monotonic() < until:  # the supervisor's timer, every third of a lease
+            arbiter._extend_leases()
+            scripts.reap(r, q.keys)  # another consumer's reaper
+            tick.wait(lease_ms / 3000)
+
+    parent_end, child_end = socket.socketpair()
+    worker = ProbeWorker(child_end, queue_name, redis_url, rt.settings, handler, None,
+                         claimer=claimer)
+    rt.slots[0].child = Child(queue=queue_name, slot=0, pid=os.getpid(), sock=parent_end,
+                              reader=protocol.LineReader(parent_end.fileno()),
+                              holdings=worker.holdings, claimer=claimer)
+    try:
+        worker.drain.run()
+    finally:
+        rt.slots[0].child = None
+        rt.metronome.doorbell.reset()
+        arbiter.client.close()
+        worker.holdings.close()
+        worker.client.close()
+        parent_end.close()
+        child_end.close()
+    assert claimed_ahead == {"j1", "j2"}
+    assert {j: (runs[j], *_state(q, j)) for j in ids} == {
+        j: (1, "completed", 1, 0) for j in ids}
+
+
+def test_a_long_job_costs_the_jobs_claimed_after_it_no_stall_and_no_second_run(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # j0 runs longer than a lease (the heartbeat keeps its own lease); the jobs claimed
+    # ahead meanwhile are not extended: a reaper (another consumer's, the supervisor's)
+    # charges them a stall and hands them out again, and this consumer then runs them
+    # with their dead tokens and once more under new ones
+    q = echomq.Queue(queue_name, redis_url=redis_url, lease_ms=1000)
+    ids = _add(q, 5)
+    runs: Counter[str] = Counter()
+
+    def handler(job: echomq.Job) -> None:
+        runs[job.id] += 1
+        if job.id != "j0" or runs[job.id] > 1:
+            return
+        not_extended = _leased(r, q) - set(consumer._held)
+
+        def reaped() -> bool:
+            scripts.reap(r, q.keys)
+            return not not_extended & _leased(r, q)
+
+        _wait(reaped, 15, f"the leases of {sorted(not_extended)} to expire and be reaped")
+
+    consumer = Probe(q, handler)
+    try:
+        consumer.run(burst=True)
+    finally:
+        consumer.close()
+    # (runs, state, attempts, stalls)
+    assert {j: (runs[j], *_state(q, j)) for j in ids} == {
+        j: (1, "completed", 1, 0) for j in ids}
+
+
+@pytest.mark.parametrize("why", ["alone", "slow"])
+def test_a_batch_not_sent_ahead_starts_only_once_the_batch_before_it_is_settled(
+        redis_url: str, queue_name: str, r: redis.Redis, why: str) -> None:
+    # the batch [j3, j4] was claimed ahead while [j1, j2] ran; it is not sent ahead in turn
+    # (j3 is a crash suspect that must run alone, or the jobs turned slow), so j1 and j2's
+    # outcomes are carried into it and stay unsettled while j3 (and j4) run: a crash of
+    # the suspect (what it is suspected of) or any end of the process meanwhile runs j1 and
+    # j2 again. Before the change they were settled with the claim of [j3, j4].
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = _add(q, 6)
+    if why == "alone":
+        _mark_alone(r, q, "j3")
+        assert r.hget(q.keys.job("j3"), "alone") == b"1"
+    unsettled: dict[str, set[str]] = {}
+
+    def handler(job: echomq.Job) -> None:
+        if job.id == "j3":
+            unsettled[job.id] = _leased(r, q) & {"j0", "j1", "j2"}
+        if why == "slow" and job.id == "j2":
+            consumer.size = 1  # the jobs got slow: claims take one at a time from now on
+
+    consumer = Probe(q, handler, ahead=True)
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert consumer.batches[:2] == [["j0"], ["j1", "j2"]]
+    assert unsettled == {"j3": set()}, "finished jobs left unsettled while j3 ran"
+    assert {j: _state(q, j) for j in ids} == {j: ("completed", 1, 0) for j in ids}
+
+
+def test_a_crash_suspect_that_kills_its_process_again_costs_the_batch_before_it_nothing(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # j3 is a suspect (it ran beside a crash); it crashes its process again. The jobs of
+    # the batch before it finished long before: they must not run again. The supervisor
+    # hands back a dead child's finished-but-unsettled jobs as unstarted.
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    _add(q, 5)
+    _mark_alone(r, q, "j3")
+
+    def handler(job: echomq.Job) -> None:
+        if job.id == "j3":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    claimer = os.urandom(8).hex()
+    pid, holdings, sock = _fork_worker(redis_url, queue_name,
+                                       _arbiter_settings(redis_url, queue_name), handler,
+                                       claimer)
+    status = _wait_exit(pid)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    _hand_back_as_the_supervisor(redis_url, queue_name, pid, holdings, sock, claimer)
+    assert _state(q, "j0")[0] == "completed"
+    assert {j: _state(q, j)[0] for j in ("j1", "j2")} == {"j1": "completed",
+                                                          "j2": "completed"}, (
+        "jobs that finished before the suspect started go back to run again")
+
+
+def test_a_handler_can_use_the_consumers_client_with_a_pool_of_one_connection(
+        redis_url: str, queue_name: str) -> None:
+    # a bounded pool the consumer shares with its handlers: the request sent ahead keeps
+    # a connection checked out for the whole batch, so a handler's progress() (or a
+    # follow-up add(), the heartbeat, the early settle) finds none free ("Too many
+    # connections"; a BlockingConnectionPool without a timeout waits forever)
+    pool = redis.ConnectionPool.from_url(redis_url, max_connections=1)
+    client = redis.Redis(connection_pool=pool)
+    q = echomq.Queue(queue_name, redis=client)
+    ids = _add(q, 5)
+
+    def handler(job: echomq.Job) -> None:
+        job.progress({"at": job.id})
+
+    consumer = Probe(q, handler, ahead=True)
+    assert not consumer._drainer.send_ahead  # no room in the pool: nothing is sent ahead
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert {j: _state(q, j) for j in ids} == {j: ("completed", 1, 0) for j in ids}
+    client.close()
+
+
+def test_a_standalone_consumer_killed_mid_batch_costs_the_jobs_beyond_its_batch_nothing(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # a standalone consumer has no claims record: what it leased when it died comes back
+    # when the lease expires, charged a stall. Jobs beyond the batch in hand were not
+    # leased before the change; claimed ahead, they are now charged too (a job with a
+    # stall already goes dead at its second, never having run)
+    q = echomq.Queue(queue_name, redis_url=redis_url, lease_ms=300)
+    _add(q, 6)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the consumer's process
+        code = 0
+        try:
+            def handler(job: echomq.Job) -> None:
+                if job.id == "j1":
+                    os.write(ready_w, b"x")
+                    threading.Event().wait()  # until killed
+
+            consumer = Probe(echomq.Queue(queue_name, redis_url=redis_url, lease_ms=300),
+                             handler)
+            consumer._drainer.run()
+        except BaseException:  # noqa: BLE001 - reported by the exit code
+            code = 1
+        finally:
+            os._exit(code)
+    try:
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"x"
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        _wait_exit(pid)
+        os.close(ready_r)
+
+    def reaped() -> bool:
+        scripts.reap(r, q.keys)
+        return not _leased(r, q)
+
+    _wait(reaped, 10, "the dead consumer's leases to expire and be reaped")
+    assert _state(q, "j1") == ("waiting", 1, 1)  # it was running: its stall is earned
+    assert {j: _state(q, j) for j in ("j3", "j4", "j5")} == {
+        j: ("waiting", 0, 0) for j in ("j3", "j4", "j5")}
+
+
+def test_a_keyboard_interrupt_costs_the_jobs_beyond_the_batch_in_hand_nothing(
+        redis_url: str, queue_name: str) -> None:
+    # Ctrl-C in a handler: the consumer hands back what it holds with "requeue", which
+    # keeps the attempt their claim counted. Jobs beyond the batch in hand were not
+    # claimed before the change; claimed ahead, they now come back with an attempt spent
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    _add(q, 6)
+
+    def handler(job: echomq.Job) -> None:
+        if job.id == "j1":
+            raise KeyboardInterrupt
+
+    consumer = Probe(q, handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            consumer.run(burst=True)
+    finally:
+        consumer.close()
+    assert {j: _state(q, j) for j in ("j3", "j4", "j5")} == {
+        j: ("waiting", 0, 0) for j in ("j3", "j4", "j5")}
+
+
+# === intended behaviour that holds: these pass ==========================================
+
+
+def test_a_drain_runs_every_job_once_in_order_and_leaves_no_connection_checked_out(
+        redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = _add(q, 9)
+    runs: list[str] = []
+    consumer = Probe(q, lambda job: runs.append(job.id), ahead=True)
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert runs == ids
+    assert consumer.batches == [["j0"], ["j1", "j2"], ["j3", "j4"], ["j5", "j6"], ["j7", "j8"]]
+    assert {j: _state(q, j) for j in ids} == {j: ("completed", 1, 0) for j in ids}
+    assert consumer._held == {} and consumer._drainer.pending == []
+    client = consumer.queue.redis
+    assert _in_use(client) == 0
+    assert len(client.connection_pool._available_connections) == 1  # type: ignore[attr-defined]
+
+
+def test_a_stop_mid_batch_hands_back_the_rest_and_the_jobs_claimed_ahead_unstarted_in_order(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    _add(q, 6)
+    runs: list[str] = []
+
+    def handler(job: echomq.Job) -> None:
+        runs.append(job.id)
+        if job.id == "j1":  # [j3, j4] went out ahead before j1 started
+            consumer.stop()
+
+    consumer = Probe(q, handler, ahead=True)
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert runs == ["j0", "j1"]
+    assert consumer.batches == [["j0"], ["j1", "j2"], ["j3", "j4"]]
+    assert {j: _state(q, j) for j in ("j0", "j1", "j2", "j3", "j4")} == {
+        "j0": ("completed", 1, 0), "j1": ("completed", 1, 0),
+        "j2": ("waiting", 0, 0), "j3": ("waiting", 0, 0), "j4": ("waiting", 0, 0)}
+    assert consumer._held == {} and consumer._drainer.pending == []
+    assert _in_use(consumer.queue.redis) == 0
+    assert _waiting_order(r, q) == ["j2", "j3", "j4", "j5"]
+
+
+def test_a_stop_before_a_batch_sends_nothing_ahead(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    _add(q, 6)
+    runs: list[str] = []
+
+    def handler(job: echomq.Job) -> None:
+        runs.append(job.id)
+        if job.id == "j2":  # the last job of its batch: [j3, j4] is read, then the stop
+            consumer.stop()
+
+    consumer = Probe(q, handler, ahead=True)
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert runs == ["j0", "j1", "j2"]
+    assert {j: _state(q, j) for j in ("j3", "j4", "j5")} == {
+        j: ("waiting", 0, 0) for j in ("j3", "j4", "j5")}
+    assert _leased(r, q) == set() and _in_use(consumer.queue.redis) == 0
+    assert _waiting_order(r, q) == ["j3", "j4", "j5"]
+
+
+def test_a_lost_reply_to_the_request_sent_ahead_keeps_the_outcomes_and_costs_nothing(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    # the server is frozen before the request goes out; the read times out; the server
+    # then runs it (j0's settle, the claim of [j3, j4]) with nobody reading the reply.
+    # The next run settles what was kept (j0's settle again is refused as stale) and hands
+    # back, through the claims record, the jobs the unseen claim leased
+    client = client_from_url(private_redis.url, socket_timeout=0.5)
+    admin = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue_name, redis=client)
+    scripts.load_all(client, q.keys.prefix)
+    ids = _add(q, 6)
+    runs: Counter[str] = Counter()
+    consumer = Probe(q, lambda job: runs.update([job.id]), ahead=True)
+    consumer.lanes.claimer = "probe"
+
+    def freeze(n: int) -> None:
+        if n == 2:
+            private_redis.pause()
+
+    consumer.batch_hook = freeze
+    try:
+        with pytest.raises(redis.exceptions.TimeoutError):
+            consumer._drainer.run()
+        assert [o.job_id for o in consumer._drainer.pending] == ["j0", "j1", "j2"]
+        assert _in_use(client) == 0
+        consumer.batch_hook = None
+        private_redis.resume()
+        _wait(lambda: {"j3", "j4"} <= _leased(admin, q), 10,
+              "the frozen request to run once the server goes on")
+        consumer._drainer.run()
+    finally:
+        private_redis.resume()
+        consumer.close()
+    assert runs == {j: 1 for j in ids}
+    assert {j: _state(q, j) for j in ids} == {j: ("completed", 1, 0) for j in ids}
+    assert consumer._drainer.pending == [] and consumer._held == {}
+    assert _in_use(client) == 0
+
+
+def test_a_refusal_of_the_request_sent_ahead_keeps_the_outcomes_for_the_next_run(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    client = client_from_url(private_redis.url)
+    admin = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue_name, redis=client)
+    scripts.load_all(client, q.keys.prefix)
+    ids = _add(q, 6)
+    runs: Counter[str] = Counter()
+    consumer = Probe(q, lambda job: runs.update([job.id]), ahead=True)
+    # under OOM the claim can run while the settle beside it is refused (with one lane its
+    # first write is an LPOP, which is not refused): its jobs come back only through the
+    # claims record, as with a refused settle-and-claim before the change
+    consumer.lanes.claimer = "probe"
+
+    def out_of_memory(n: int) -> None:
+        if n == 2:
+            admin.config_set("maxmemory", 1)  # noeviction: every write is refused
+
+    consumer.batch_hook = out_of_memory
+    try:
+        with pytest.raises(ServerRefused):
+            consumer._drainer.run()
+        assert [o.job_id for o in consumer._drainer.pending] == ["j0", "j1", "j2"]
+        assert _in_use(client) == 0
+        admin.config_set("maxmemory", 0)
+        consumer.batch_hook = None
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert runs == {j: 1 for j in ids}
+    assert {j: _state(q, j) for j in ids} == {j: ("completed", 1, 0) for j in ids}
+    assert _in_use(client) == 0
+
+
+def test_a_script_flush_before_the_request_sent_ahead_is_run_again_after_loading(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    client = client_from_url(private_redis.url)
+    admin = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue_name, redis=client)
+    scripts.load_all(client, q.keys.prefix)
+    ids = _add(q, 9)
+    runs: list[str] = []
+    consumer = Probe(q, lambda job: runs.append(job.id), ahead=True)
+    consumer.batch_hook = lambda n: admin.script_flush() if n in (2, 4) else None
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert runs == ids
+    assert {j: _state(q, j) for j in ids} == {j: ("completed", 1, 0) for j in ids}
+    assert _in_use(client) == 0
+
+
+def test_a_handler_raising_keyboard_interrupt_leaves_every_leased_job_held(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # the reply of what was sent ahead is read on the way out: the batch before is settled
+    # and the jobs claimed ahead are held, for the owner to hand back
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    _add(q, 6)
+
+    def handler(job: echomq.Job) -> None:
+        if job.id == "j1":
+            raise KeyboardInterrupt
+
+    consumer = Probe(q, handler, ahead=True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            consumer._drainer.run()
+        assert _state(q, "j0") == ("completed", 1, 0)
+        assert set(consumer._held) == _leased(r, q) == {"j1", "j2", "j3", "j4"}
+        assert _in_use(consumer.queue.redis) == 0
+    finally:
+        consumer.close()
+
+
+def test_a_consumer_killed_with_a_reply_unread_gets_everything_handed_back_in_order(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # killed while j1 runs: j0's settle and the claim of [j3, j4] went out, unread. The
+    # supervisor's hand-back: j1 (running) charged a stall, j2 (held) and j3, j4 (claimed,
+    # never held: the claims record) back unstarted, in claim order; j0 stays completed
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    _add(q, 6)
+    ready_r, ready_w = os.pipe()
+
+    def handler(job: echomq.Job) -> None:
+        if job.id == "j1":
+            os.write(ready_w, b"x")
+            threading.Event().wait()  # until killed
+
+    claimer = os.urandom(8).hex()
+    pid, holdings, sock = _fork_worker(redis_url, queue_name,
+                                       _arbiter_settings(redis_url, queue_name), handler,
+                                       claimer)
+    try:
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"x"
+        # what went out ahead ran (the settle, then the claim), its reply unread
+        _wait(lambda: _state(q, "j0")[0] == "completed" and {"j3", "j4"} <= _leased(r, q),
+              10, "the request sent ahead to run")
+        assert {h.job_id for h in holdings.entries()} == {"j0", "j1", "j2"}
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        _wait_exit(pid)
+        os.close(ready_r)
+    _hand_back_as_the_supervisor(redis_url, queue_name, pid, holdings, sock, claimer)
+    assert {j: _state(q, j) for j in ("j0", "j1", "j2", "j3", "j4")} == {
+        "j0": ("completed", 1, 0), "j1": ("waiting", 1, 1), "j2": ("waiting", 0, 0),
+        "j3": ("waiting", 0, 0), "j4": ("waiting", 0, 0)}
+    assert _leased(r, q) == set()
+    assert _waiting_order(r, q) == ["j1", "j2", "j3", "j4", "j5"]
+
+
+def test_finished_outcomes_settle_early_under_a_long_job_with_a_time_limit(
+        redis_url: str, queue_name: str) -> None:
+    # j2 has a time limit: past half of it, j1's outcome (finished in the same batch) is
+    # settled while j2 runs; j0's went out ahead before the batch started
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    for i in range(5):
+        q.add("x", {"n": i}, job_id=f"j{i}", timeout=0.4 if i == 2 else None)
+    seen: dict[str, str] = {}
+
+    def handler(job: echomq.Job) -> None:
+        if job.id == "j2":
+            seen["j0"] = _state(q, "j0")[0]
+            _wait(lambda: _state(q, "j1")[0] == "completed", 10, "j1 to settle early")
+
+    consumer = Probe(q, handler, ahead=True)
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert seen == {"j0": "completed"}
+    assert {f"j{i}": _state(q, f"j{i}") for i in range(5)} == {
+        f"j{i}": ("completed", 1, 0) for i in range(5)}
+
+
+def test_send_ahead_is_off_where_the_worker_must_not_claim_past_a_limit(
+        redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    for max_jobs, expected in ((None, True), (5, False)):
+        parent_end, child_end = socket.socketpair()
+        worker = Worker(child_end, queue_name, redis_url, q.settings, lambda job: None,
+                        max_jobs)
+        try:
+            assert worker.drain.send_ahead is expected
+        finally:
+            worker.holdings.close()
+            worker.client.close()
+            parent_end.close()
+            child_end.close()
