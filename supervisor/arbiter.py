@@ -738,8 +738,12 @@ class Arbiter:
                 for child in rt.children:
                     entries = child.holdings.entries()
                     held += [h.pair for h in entries]
-                    if child.claimer:
-                        raw = self.client.lrange(rt.metronome.keys.claims(child.claimer), 0, -1)
+                    if child.claimer:  # the record outlives a job longer than its expiry
+                        key = rt.metronome.keys.claims(child.claimer)
+                        pipe = self.client.pipeline(transaction=False)
+                        pipe.lrange(key, 0, -1)
+                        pipe.pexpire(key, 10 * rt.settings.lease_ms)
+                        raw, _ = pipe.execute()
                         held += unheld_claims(raw, {h.job_id for h in entries})
                 held += [pair for kind, pairs, _ in rt.unreleased if kind == "jobs"
                          for pair in pairs]

@@ -293,7 +293,9 @@ end
 if popped > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', -popped) end
 if claimed > 0 and ARGV[5] and ARGV[5] ~= '' then
   local ck = prefix .. 'claims:' .. ARGV[5]
-  redis.call('RPUSH', ck, unpack(record))
+  for i = 1, #record, 1000 do  -- in slices, as the leases above
+    redis.call('RPUSH', ck, unpack(record, i, math.min(i + 999, #record)))
+  end
   redis.call('LTRIM', ck, -2 * tonumber(ARGV[6]), -1)
   redis.call('PEXPIRE', ck, 10 * tonumber(ARGV[2]))
 end
