@@ -738,7 +738,10 @@ class Arbiter:
                 for child in rt.children:
                     entries = child.holdings.entries()
                     held += [h.pair for h in entries]
-                    if child.claimer:  # the record outlives a job longer than its expiry
+                    # an idle child read every reply before it said so: nothing to read then
+                    # (an idle supervisor sends nothing here); the record is renewed, so it
+                    # outlives a job longer than its expiry
+                    if child.claimer and (entries or child.state != "idle"):
                         key = rt.metronome.keys.claims(child.claimer)
                         pipe = self.client.pipeline(transaction=False)
                         pipe.lrange(key, 0, -1)

@@ -443,3 +443,31 @@ def test_delayed_jobs_start_on_the_metronome_timer_not_the_beat(
         _, started = r.blpop([stamps], 10)
         lateness.append(float(started) - due)
     assert all(-0.01 < late < 1.0 for late in lateness), lateness
+
+
+def test_the_lease_pass_reads_no_claims_record_while_the_consumers_are_idle(
+        supervisor: Start, queue_name: str, private_redis: LocalRedis) -> None:
+    # the lease pass (every third of a lease) reads a consumer's claims record only while it
+    # may have a claim's reply unread (busy, or holding jobs): an idle supervisor sends
+    # nothing for it, however many consumers it has
+    url = private_redis.url
+    r = redis.Redis.from_url(url)
+    q = echomq.Queue(queue_name, redis_url=url)
+    port = free_port()
+    supervisor(url, queue_name, "--processes", "4", "--lease-ms", "600",
+               "--health-port", str(port)).started(4)
+    ids = q.add_many([("x", {}) for _ in range(40)])
+    wait_until(lambda: all(q.get(i).state == "completed" for i in ids),  # type: ignore[union-attr]
+               20, "the jobs")
+
+    def all_idle() -> bool:  # every consumer has reported idle after its drain
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        return f'echomq_consumers_busy{{queue="{queue_name}"}} 0.0' in text
+
+    wait_until(all_idle, 10, "the consumers to report idle")
+    r.config_resetstat()
+    threading_event_wait(2.0)  # ten lease passes
+    stats = r.info("commandstats")
+    assert "cmdstat_lrange" not in stats and "cmdstat_pexpire" not in stats, stats
+    r.close()
