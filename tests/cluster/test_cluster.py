@@ -214,7 +214,9 @@ def test_a_plain_server_on_a_former_cluster_nodes_address_gets_a_plain_client() 
     """The mode seen once per URL is not trusted past a failure: a plain server started
     where a cluster node used to listen (a redeploy, a reused port) is asked again."""
     port = free_port()
-    node = LocalRedis(port, extra_args=("--cluster-enabled", "yes")).start()
+    # its bus on a port of its own: the default (port + 10000) overflows past port 55535
+    node = LocalRedis(port, extra_args=("--cluster-enabled", "yes",
+                                        "--cluster-port", str(free_port()))).start()
     try:
         assert connection.cluster_mode(node.url)
     finally:

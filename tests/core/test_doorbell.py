@@ -141,7 +141,9 @@ def test_a_marker_consumer_promotes_a_delayed_job_once_at_its_due_time(
         # the marker's score set the timer: one promote (one ZRANGEBYSCORE), at the due time,
         # not one on the ring and another when it fell due
         assert calls.get("cmdstat_zrangebyscore") == 1, calls
-        assert -0.005 <= seen[0] - due < 0.05
+        # on time, never early; far below the 30 s beat (a loaded machine may delay it a
+        # little: bench/delayed.py measures the lateness itself)
+        assert -0.005 <= seen[0] - due < 1.0
     finally:
         go_on.set()
         consumer.stop()
