@@ -126,11 +126,15 @@ class Lanes:
         """Settle and claim the next batch in one round trip (a pipeline of two scripts)."""
         if not outcomes:
             return [], self.claim(count)
-        codes, flat = scripts.execute(self.client, [
-            (scripts.SETTLE, self._settle_keys, self._settle_args(outcomes)),
-            (scripts.CLAIM, self._claim_keys, self._claim_args(count)),
-        ])
+        codes, flat = scripts.execute(self.client, self._settle_and_claim_calls(outcomes, count))
         return [Settled(int(c)) for c in codes], parse_claimed(flat)
+
+    def _settle_and_claim_calls(self, outcomes: Sequence[Outcome], count: int
+                                ) -> list[tuple[scripts.LuaScript, list[str], list[Any]]]:
+        calls = [(scripts.CLAIM, self._claim_keys, self._claim_args(count))]
+        if outcomes:
+            calls.insert(0, (scripts.SETTLE, self._settle_keys, self._settle_args(outcomes)))
+        return calls
 
     def can_send_ahead(self) -> bool:
         """True when :meth:`send_ahead` may be used: a plain server (not a cluster) whose
@@ -144,10 +148,8 @@ class Lanes:
         """Settle these outcomes and claim up to ``count`` more, without waiting: the
         request is written now and its reply read by :meth:`Ahead.read` later, so the
         server works while the consumer runs the jobs in hand."""
-        calls = [(scripts.CLAIM, self._claim_keys, self._claim_args(count))]
-        if outcomes:
-            calls.insert(0, (scripts.SETTLE, self._settle_keys, self._settle_args(outcomes)))
-        return Ahead(scripts.send(self.client, calls), list(outcomes))
+        return Ahead(scripts.send(self.client, self._settle_and_claim_calls(outcomes, count)),
+                     list(outcomes))
 
     def release_unheld(self, held: set[str]) -> int:
         """Hand back, uncharged, the jobs this consumer's claims leased that it does not

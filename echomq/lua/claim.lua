@@ -74,6 +74,13 @@ local turns = 0
 local token_base = nil  -- one INCRBY reserves the tokens of the whole batch
 local record = {}  -- id, token pairs for the claimer's record
 local leased = {}  -- expiry, id pairs for the leases zset (one ZADD for the claim)
+
+-- unpack takes a few thousand values at most: a long argument list goes in slices
+local function sliced(command, key, values)
+  for i = 1, #values, 1000 do
+    redis.call(command, key, unpack(values, i, math.min(i + 999, #values)))
+  end
+end
 local popped = 0
 local remains = false
 local skipped_out = false
@@ -286,16 +293,11 @@ else
     end
   end
 end
--- unpack takes a few thousand values at most: the leases go in slices
-for i = 1, #leased, 1000 do
-  redis.call('ZADD', KEYS[2], unpack(leased, i, math.min(i + 999, #leased)))
-end
+sliced('ZADD', KEYS[2], leased)
 if popped > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', -popped) end
 if claimed > 0 and ARGV[5] and ARGV[5] ~= '' then
   local ck = prefix .. 'claims:' .. ARGV[5]
-  for i = 1, #record, 1000 do  -- in slices, as the leases above
-    redis.call('RPUSH', ck, unpack(record, i, math.min(i + 999, #record)))
-  end
+  sliced('RPUSH', ck, record)
   redis.call('LTRIM', ck, -2 * tonumber(ARGV[6]), -1)
   redis.call('PEXPIRE', ck, 10 * tonumber(ARGV[2]))
 end

@@ -51,6 +51,13 @@ local out = {}
 local completed = 0
 local unleased = {}  -- ids whose lease ends here: one ZREM for the call
 local finished = {}  -- now, id pairs of completed jobs kept: one ZADD for the call
+
+-- unpack takes a few thousand values at most: a long argument list goes in slices
+local function sliced(command, key, values)
+  for i = 1, #values, 1000 do
+    redis.call(command, key, unpack(values, i, math.min(i + 999, #values)))
+  end
+end
 local function ring_done(id, outcome)
   local done = prefix .. 'done:' .. id
   redis.call('LPUSH', done, outcome)
@@ -125,13 +132,8 @@ for i = 0, n - 1 do
     end
   end
 end
--- unpack takes a few thousand values at most: both go in slices
-for i = 1, #unleased, 1000 do
-  redis.call('ZREM', KEYS[1], unpack(unleased, i, math.min(i + 999, #unleased)))
-end
-for i = 1, #finished, 1000 do
-  redis.call('ZADD', KEYS[4], unpack(finished, i, math.min(i + 999, #finished)))
-end
+sliced('ZREM', KEYS[1], unleased)
+sliced('ZADD', KEYS[4], finished)
 if completed > 0 then
   redis.call('HINCRBY', KEYS[6], 'completed', completed)
   -- retention: trim at most 1000 old completed jobs per call, so a call stays short

@@ -88,3 +88,27 @@ def test_interleaved_lanes_in_one_add_keep_each_lanes_order_and_the_ring_order(
     more = q.add_many([("x", 9, {"lane": "b"})])
     assert r.lrange(keys.lane("b"), -1, -1) == [more[0].encode()]
     assert r.lrange(keys.ring, 0, -1) == [b"a", b"b", b"c"]
+
+
+def test_a_claim_of_thousands_of_jobs_with_a_claims_record_hands_them_out(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # a claim appends its ids and tokens to the claimer's record: past Lua's unpack limit
+    # (a few thousand values) in one call it would fail after it popped the ids, marked
+    # them active and leased them, with no record naming them for the supervisor to hand
+    # back (a claim_batch of 4,000, or a concurrency from ~2,700 with its prefetch)
+    q = echomq.Queue(queue_name, redis_url=redis_url, claim_batch=4500)
+    n = 4500
+    ids = q.add_many([("x", i) for i in range(n)])
+    lanes = Lanes(r, q.keys, q.settings)
+    lanes.claimer = "probe"
+    try:
+        claimed = lanes.claim(n)
+    except redis.exceptions.ResponseError as exc:
+        stranded = r.zcard(q.keys.leases)
+        raise AssertionError(f"the claim failed ({exc}), leaving {stranded} jobs leased to "
+                             "nobody") from None
+    assert [c.id for c in claimed] == ids
+    assert r.zcard(q.keys.leases) == n
+    record = r.lrange(q.keys.claims("probe"), 0, -1)
+    assert len(record) == 2 * min(n, lanes.claims_kept)
+    assert record[-2].decode() == ids[-1]

@@ -119,6 +119,60 @@ class ProbeWorker(Worker):
         return 2
 
 
+class Supervised:
+    """A :class:`ProbeWorker` run in this process beside an Arbiter that has it as the
+    child of its queue's first slot, so the supervisor's lease pass (run by hand, as its
+    timer would) reads its holdings and claims record."""
+
+    def __init__(self, redis_url: str, queue: str, lease_ms: int,
+                 handler: Callable[[echomq.Job], Any]) -> None:
+        claimer = os.urandom(8).hex()
+        self.arbiter = Arbiter(Settings(redis_url=redis_url, lease_ms=lease_ms, queues=(
+            QueueSpec(queue, "echomq.supervisor.drill_handler:handle"),)))
+        self.rt = self.arbiter.queues[queue]
+        self.parent_end, self.child_end = socket.socketpair()
+        self.worker = ProbeWorker(self.child_end, queue, redis_url, self.rt.settings, handler,
+                                  None, claimer=claimer)
+        self.record = self.worker.lanes.keys.claims(claimer)
+        self.rt.slots[0].child = Child(
+            queue=queue, slot=0, pid=os.getpid(), sock=self.parent_end,
+            reader=protocol.LineReader(self.parent_end.fileno()),
+            holdings=self.worker.holdings, claimer=claimer)
+
+    def held(self) -> set[str]:
+        """The ids its holdings table lists."""
+        return {h.job_id for h in self.worker.holdings.entries()}
+
+    def drain(self) -> None:
+        """One drain (as a poke would have it run), then everything closed."""
+        try:
+            self.worker.drain.run()
+        finally:
+            self.rt.slots[0].child = None
+            self.rt.metronome.doorbell.reset()
+            self.arbiter.client.close()
+            self.worker.holdings.close()
+            self.worker.client.close()
+            self.parent_end.close()
+            self.child_end.close()
+
+
+def _private_probe(server: LocalRedis, queue: str, jobs: int, **client_options: Any
+                   ) -> tuple[redis.Redis, redis.Redis, echomq.Queue, list[str], Counter[str],
+                              Probe]:
+    """A consumer claiming ahead on a server of the test's own, with a claims record:
+    (its client, an admin client, the queue, the job ids, runs per job, the consumer)."""
+    client = client_from_url(server.url, **client_options)
+    admin = redis.Redis.from_url(server.url)
+    q = echomq.Queue(queue, redis=client)
+    scripts.load_all(client, q.keys.prefix)
+    ids = _add(q, jobs)
+    runs: Counter[str] = Counter()
+    consumer = Probe(q, lambda job: runs.update([job.id]), ahead=True)
+    consumer.lanes.claimer = "probe"
+    return client, admin, q, ids, runs, consumer
+
+
 def _fork_worker(redis_url: str, queue: str, settings: echomq.QueueSettings,
                  handler: Callable[[echomq.Job], Any], claimer: str
                  ) -> tuple[int, Holdings, socket.socket]:
@@ -224,10 +278,6 @@ def test_a_long_job_costs_the_jobs_a_supervised_consumer_claimed_after_it_no_sta
     lease_ms = 1000
     q = echomq.Queue(queue_name, redis_url=redis_url, lease_ms=lease_ms)
     ids = _add(q, 5)
-    claimer = os.urandom(8).hex()
-    arbiter = Arbiter(Settings(redis_url=redis_url, lease_ms=lease_ms, queues=(
-        QueueSpec(queue_name, "echomq.supervisor.drill_handler:handle"),)))
-    rt = arbiter.queues[queue_name]
     runs: Counter[str] = Counter()
     claimed_ahead: set[str] = set()
     tick = threading.Event()
@@ -236,29 +286,15 @@ def test_a_long_job_costs_the_jobs_a_supervised_consumer_claimed_after_it_no_sta
         runs[job.id] += 1
         if job.id != "j0":
             return
-        claimed_ahead.update(_leased(r, q) - {h.job_id for h in worker.holdings.entries()})
+        claimed_ahead.update(_leased(r, q) - sup.held())
         until = time.monotonic() + 2.5 * lease_ms / 1000
         while time.monotonic() < until:  # the supervisor's timer, every third of a lease
-            arbiter._extend_leases()
+            sup.arbiter._extend_leases()
             scripts.reap(r, q.keys)  # another consumer's reaper
             tick.wait(lease_ms / 3000)
 
-    parent_end, child_end = socket.socketpair()
-    worker = ProbeWorker(child_end, queue_name, redis_url, rt.settings, handler, None,
-                         claimer=claimer)
-    rt.slots[0].child = Child(queue=queue_name, slot=0, pid=os.getpid(), sock=parent_end,
-                              reader=protocol.LineReader(parent_end.fileno()),
-                              holdings=worker.holdings, claimer=claimer)
-    try:
-        worker.drain.run()
-    finally:
-        rt.slots[0].child = None
-        rt.metronome.doorbell.reset()
-        arbiter.client.close()
-        worker.holdings.close()
-        worker.client.close()
-        parent_end.close()
-        child_end.close()
+    sup = Supervised(redis_url, queue_name, lease_ms, handler)
+    sup.drain()
     assert claimed_ahead == {"j1", "j2"}
     assert {j: (runs[j], *_state(q, j)) for j in ids} == {
         j: (1, "completed", 1, 0) for j in ids}
@@ -519,14 +555,8 @@ def test_a_lost_reply_to_the_request_sent_ahead_keeps_the_outcomes_and_costs_not
     # then runs it (j0's settle, the claim of [j3, j4]) with nobody reading the reply.
     # The next run settles what was kept (j0's settle again is refused as stale) and hands
     # back, through the claims record, the jobs the unseen claim leased
-    client = client_from_url(private_redis.url, socket_timeout=0.5)
-    admin = redis.Redis.from_url(private_redis.url)
-    q = echomq.Queue(queue_name, redis=client)
-    scripts.load_all(client, q.keys.prefix)
-    ids = _add(q, 6)
-    runs: Counter[str] = Counter()
-    consumer = Probe(q, lambda job: runs.update([job.id]), ahead=True)
-    consumer.lanes.claimer = "probe"
+    client, admin, q, ids, runs, consumer = _private_probe(private_redis, queue_name, 6,
+                                                           socket_timeout=0.5)
 
     def freeze(n: int) -> None:
         if n == 2:
@@ -554,17 +584,10 @@ def test_a_lost_reply_to_the_request_sent_ahead_keeps_the_outcomes_and_costs_not
 
 def test_a_refusal_of_the_request_sent_ahead_keeps_the_outcomes_for_the_next_run(
         private_redis: LocalRedis, queue_name: str) -> None:
-    client = client_from_url(private_redis.url)
-    admin = redis.Redis.from_url(private_redis.url)
-    q = echomq.Queue(queue_name, redis=client)
-    scripts.load_all(client, q.keys.prefix)
-    ids = _add(q, 6)
-    runs: Counter[str] = Counter()
-    consumer = Probe(q, lambda job: runs.update([job.id]), ahead=True)
     # under OOM the claim can run while the settle beside it is refused (with one lane its
     # first write is an LPOP, which is not refused): its jobs come back only through the
     # claims record, as with a refused settle-and-claim before the change
-    consumer.lanes.claimer = "probe"
+    client, admin, q, ids, runs, consumer = _private_probe(private_redis, queue_name, 6)
 
     def out_of_memory(n: int) -> None:
         if n == 2:
@@ -702,3 +725,44 @@ def test_send_ahead_is_off_where_the_worker_must_not_claim_past_a_limit(
             worker.client.close()
             parent_end.close()
             child_end.close()
+
+
+def test_jobs_claimed_ahead_keep_their_leases_under_a_job_that_outlives_the_claims_record(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # A supervised consumer sends the claim of [j1, j2] ahead, then runs j0, a job longer
+    # than ten leases (a slow job among fast ones: the batch size was measured on the fast
+    # ones). The supervisor extends j1 and j2 only through the child's claims record, and
+    # that record expires ten leases after the child's last claim (claim.lua's PEXPIRE)
+    # unless the supervisor's pass renews it. Were it gone, nobody would extend their
+    # leases: a reaper would charge them a stall they did not earn and hand them out
+    # again, and this consumer, once j0 ends, would run them under their dead tokens and
+    # then once more.
+    lease_ms = 200
+    q = echomq.Queue(queue_name, redis_url=redis_url, lease_ms=lease_ms)
+    ids = _add(q, 5)
+    runs: Counter[str] = Counter()
+    claimed_ahead: set[str] = set()
+    tick = threading.Event()
+
+    def timer_pass() -> None:
+        """The supervisor's extension timer, and another consumer's reaper."""
+        sup.arbiter._extend_leases()
+        scripts.reap(r, q.keys)
+        tick.wait(lease_ms / 3000)  # the timer's period: a third of a lease
+
+    def handler(job: echomq.Job) -> None:
+        runs[job.id] += 1
+        if job.id != "j0" or runs[job.id] > 1:
+            return
+        claimed_ahead.update(_leased(r, q) - sup.held())
+        until = time.monotonic() + 13 * lease_ms / 1000
+        while time.monotonic() < until:  # j0 runs on, past the record's first life
+            timer_pass()
+        assert r.exists(sup.record), "the claims record expired under a long job"
+
+    sup = Supervised(redis_url, queue_name, lease_ms, handler)
+    sup.drain()
+    assert claimed_ahead == {"j1", "j2"}
+    # (runs, state, attempts, stalls)
+    assert {j: (runs[j], *_state(q, j)) for j in ids} == {
+        j: (1, "completed", 1, 0) for j in ids}
