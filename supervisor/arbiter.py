@@ -586,27 +586,34 @@ class Arbiter:
         if self.stopping:
             return
         for rt in self.queues.values():
-            bell = rt.metronome.doorbell
-            if not rt.healthy and now < rt.metronome.deadline():
-                continue
-            anyone_idle = any(c.state in ("idle", "starting") for c in rt.children)
-            if not anyone_idle or not rt.healthy:
-                continue
-            try:
-                bell.arm()
-                fd = bell.fileno()
-                # a close that came after the last select shows here, not in the selector
-                buffered = bell.buffered()
-            except UNAVAILABLE_ERRORS as exc:
-                self._unregister_doorbell(rt)
-                self._queue_down(rt, now, exc)
-                continue
-            if rt.metronome.registered_fd != fd:
-                self._unregister_doorbell(rt)
-                self.selector.register(fd, selectors.EVENT_READ, rt)
-                rt.metronome.registered_fd = fd
-            if buffered:
+            # a reply already in the socket (it came after the selector's last look) is
+            # read here; the call it ends is then sent again, so the loop never blocks
+            # with a child idle and nothing parked
+            while self._arm_doorbell(rt, now):
                 self._on_ring(rt)
+
+    def _arm_doorbell(self, rt: QueueRuntime, now: float) -> bool:
+        """Arm one queue's doorbell if it should be; True when its reply is already here."""
+        bell = rt.metronome.doorbell
+        if not rt.healthy and now < rt.metronome.deadline():
+            return False
+        anyone_idle = any(c.state in ("idle", "starting") for c in rt.children)
+        if not anyone_idle or not rt.healthy:
+            return False
+        try:
+            bell.arm()
+            fd = bell.fileno()
+            # a close that came after the last select shows here, not in the selector
+            buffered = bell.buffered()
+        except UNAVAILABLE_ERRORS as exc:
+            self._unregister_doorbell(rt)
+            self._queue_down(rt, now, exc)
+            return False
+        if rt.metronome.registered_fd != fd:
+            self._unregister_doorbell(rt)
+            self.selector.register(fd, selectors.EVENT_READ, rt)
+            rt.metronome.registered_fd = fd
+        return buffered
 
     def _unregister_doorbell(self, rt: QueueRuntime) -> None:
         fd = rt.metronome.registered_fd
