@@ -347,7 +347,8 @@ class Arbiter:
                     child.state = "idle"
                 if jobs:
                     self._slot_of(child).crashes = 0
-                if rt.work_seen >= child.poked_at and not self.stopping:
+                if child.state == "idle" and rt.work_seen >= child.poked_at and \
+                        not self.stopping:
                     self._poke(rt, child)  # work may have come after its last claim
             elif line.startswith((protocol.REFUSED, protocol.BOOTFAIL)):
                 self._on_child_trouble(rt, child, line)
@@ -395,6 +396,11 @@ class Arbiter:
         slot.child = None
         settled_some = child.holdings.dropped() > 0  # got work done: not a crash loop
         released, stalled = self._release_child(rt, child)
+        if child.state == "busy" and not released:
+            # it was told to claim and left without saying it found nothing (a recycle, a
+            # crash): the work it was woken for goes to a sibling (releases poke on their own)
+            rt.work_seen = time.monotonic()
+            self._poke_idle(rt)
         if os.WIFSIGNALED(status):
             how, code = f"killed by {signal.Signals(os.WTERMSIG(status)).name}", -1
         else:
@@ -549,21 +555,28 @@ class Arbiter:
 
     # --- the beat ------------------------------------------------------------------------
 
-    def _poke(self, rt: QueueRuntime, child: Child) -> None:
+    def _poke(self, rt: QueueRuntime, child: Child) -> bool:
+        """Tell an idle child to claim; False when it could not be told (a full or closed
+        pipe: the child is busy or gone)."""
         if not rt.healthy:
-            return  # it could not settle or claim; every idle child is poked on recovery
+            return False  # it could not settle or claim; every idle child is poked on recovery
         if child.send(protocol.POKE):
             child.state = "busy"
             child.poked_at = time.monotonic()
+            return True
+        return False
 
     def _poke_idle(self, rt: QueueRuntime) -> None:
         """Poke one idle child: its first claim rings again while work remains, and the
-        next ring pokes the next child, so one job wakes one process and a burst all."""
+        next ring pokes the next child, so one job wakes one process and a burst all. A
+        child that cannot be told (it died idle, its exit not yet read) passes the poke to
+        the next one."""
         if self.stopping:
             return
-        idle = [c for c in rt.children if c.state == "idle"]
-        if idle:
-            self._poke(rt, min(idle, key=lambda c: c.poked_at))
+        for child in sorted((c for c in rt.children if c.state == "idle"),
+                            key=lambda c: c.poked_at):
+            if self._poke(rt, child):
+                return
 
     def _on_ring(self, rt: QueueRuntime) -> None:
         now = time.monotonic()
@@ -600,6 +613,15 @@ class Arbiter:
         anyone_idle = any(c.state in ("idle", "starting") for c in rt.children)
         if not anyone_idle or not rt.healthy:
             return False
+        if bell.overdue() and not bell.buffered():
+            # no reply long past the block: the connection died without a word (a host
+            # gone, a partition); nothing would ever make its socket readable
+            event(log, "doorbell-overdue", "queue %s: no reply on the doorbell for %.1fs; "
+                  "reconnecting", rt.spec.name, time.monotonic() - (bell.armed_at or 0.0),
+                  level=logging.WARNING, queue=rt.spec.name)
+            self._unregister_doorbell(rt)
+            bell.reset()
+            bell.lost = True
         try:
             bell.arm()
             fd = bell.fileno()

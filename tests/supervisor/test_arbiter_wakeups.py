@@ -1,6 +1,8 @@
-"""The arbiter's doorbells in its selector: a queue that goes down takes its socket out,
-and a reply read outside the selector (already in the socket when the loop comes round)
-is followed by a fresh blocking call before the loop blocks."""
+"""How the arbiter turns rings into pokes, with stand-in children on socketpairs and a
+real server: a queue that goes down takes its doorbell socket out of the selector; a
+reply read outside the selector is followed by a fresh blocking call; a reply overdue
+on a dead connection is replaced; a poke that cannot be delivered, or that a child
+left unanswered, goes to a sibling; a stopping child is never poked."""
 
 from __future__ import annotations
 
@@ -119,3 +121,91 @@ def test_a_ring_read_outside_the_selector_pokes_one_child_and_parks_for_the_next
         assert len(poked) == 1 and poked[0].recv(16) == protocol.POKE
         # ... and the other, still idle, is parked on the doorbell for the next one
         assert bell.armed and _is_outstanding(r, bell.client_id)
+
+
+def _poked(sock: socket.socket) -> bool:
+    """True when the arbiter wrote a poke to this stand-in child (read and consumed)."""
+    if not select.select([sock], [], [], 0)[0]:
+        return False
+    return sock.recv(16) == protocol.POKE
+
+
+def test_a_doorbell_with_no_reply_long_past_its_block_is_reconnected(
+        redis_url: str, queue_name: str) -> None:
+    # a connection that died without a FIN or RST never becomes readable: the arbiter
+    # must notice the reply is overdue and park again on a new connection
+    r = redis.Redis.from_url(redis_url)
+    with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, _):
+        (rt,) = arbiter.queues.values()
+        bell = rt.metronome.doorbell
+        arbiter._arm_doorbells(time.monotonic())
+        old_id = bell.client_id
+        # within its one-second block no reply is due yet; the wait is made to look
+        # overdue, as it would be on a connection that can no longer deliver one
+        bell.armed_at -= bell.beat_s + 6.0
+        arbiter._arm_doorbells(time.monotonic())
+        assert bell.armed and bell.client_id != old_id
+        assert rt.metronome.registered_fd == bell.fileno()
+        assert _is_outstanding(r, bell.client_id)
+        registered = {key.fd for key in arbiter.selector.get_map().values()}
+        assert registered == {bell.fileno()}
+
+
+def test_an_overdue_doorbell_whose_reply_did_come_is_read_not_dropped(
+        redis_url: str, queue_name: str) -> None:
+    # the loop itself was held up (a paused supervisor): the ring is in the socket and
+    # must wake a child, not be thrown away with the connection
+    r = redis.Redis.from_url(redis_url)
+    with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        bell = rt.metronome.doorbell
+        arbiter._arm_doorbells(time.monotonic())
+        r.lpush(rt.metronome.keys.wake, "1")
+        _wait_readable(bell.fileno())
+        bell.armed_at -= bell.beat_s + 6.0
+        arbiter._arm_doorbells(time.monotonic())
+        assert _poked(theirs[0]) and rt.children[0].state == "busy"
+
+
+def test_a_ring_whose_poke_cannot_be_delivered_goes_to_an_idle_sibling(
+        redis_url: str, queue_name: str) -> None:
+    # the child idle longest died idle; its exit is not read yet, so it still counts as
+    # idle: the poke its closed pipe refuses must reach the live one
+    r = redis.Redis.from_url(redis_url)
+    with _one_queue_with_idle_children(redis_url, queue_name, 2) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        dead, live = rt.children
+        dead.poked_at, live.poked_at = 1.0, 2.0
+        theirs[0].close()
+        arbiter._arm_doorbells(time.monotonic())
+        r.lpush(rt.metronome.keys.wake, "1")
+        _wait_readable(rt.metronome.doorbell.fileno())
+        arbiter._arm_doorbells(time.monotonic())
+        assert live.state == "busy" and _poked(theirs[1])
+
+
+def test_a_child_that_exits_while_poked_passes_its_poke_to_an_idle_sibling(
+        redis_url: str, queue_name: str) -> None:
+    # poked, it left before answering (a recycle at its job limit, a crash while
+    # claiming), holding nothing: the work it was woken for must not wait for its
+    # replacement to boot
+    with _one_queue_with_idle_children(redis_url, queue_name, 2) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        gone, sibling = rt.children
+        assert arbiter._poke(rt, gone) and _poked(theirs[0])
+        theirs[0].close()
+        arbiter._on_child_exit(gone, 4 << 8)  # exited with 4: a recycle, not a crash
+        assert sibling.state == "busy" and _poked(theirs[1])
+
+
+def test_a_stopping_child_that_reports_idle_is_not_poked(
+        redis_url: str, queue_name: str) -> None:
+    with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        (child,) = rt.children
+        child.state = "stopping"  # told to stop (a roll, a recycle): it finishes and exits
+        rt.work_seen = time.monotonic()  # work came after its last poke
+        theirs[0].sendall(protocol.idle_line(0, 0))
+        _wait_readable(child.sock.fileno())
+        arbiter._consume_lines(child)
+        assert child.state == "stopping" and not _poked(theirs[0])
