@@ -46,6 +46,8 @@ class Workers:
                "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
         if concurrency:
             env["BENCH_CONCURRENCY"] = str(concurrency)
+            # the argv below reads it too (--threads, -w, --concurrency), in this process
+            os.environ["BENCH_CONCURRENCY"] = str(concurrency)
         self.launched = time.perf_counter()
         # same process group as the driver: run.py kills that group if the driver times out
         self.procs = [bl.Proc(argv, env=env, cwd=HERE, tag=f"{mod.NAME}-worker",
