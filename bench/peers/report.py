@@ -136,6 +136,11 @@ class Peers:
 
 # --- EchoMQ's own benchmarks ------------------------------------------------------------------
 
+def _bell(result: dict[str, Any]) -> str:
+    """The doorbell a result was measured with (``list`` before the kinds were compared)."""
+    return str(result.get("doorbell", "list"))
+
+
 def own_section(own: dict[str, Any]) -> str:
     parts = []
 
@@ -161,27 +166,30 @@ def own_section(own: dict[str, Any]) -> str:
                           "admit jobs/s (add_many)"], rows))
     d = own.get("pickup")
     if d and "results" in d:
-        rows = [[x["mode"], str(x["processes"]), s(x["p50_ms"], ".2f"), s(x["p99_ms"], ".2f"),
-                 s(x["max_ms"], ".2f")] for x in d["results"]]
+        rows = [[x["mode"], str(x["processes"]), _bell(x), s(x["p50_ms"], ".2f"),
+                 s(x["p99_ms"], ".2f"), s(x["max_ms"], ".2f")] for x in d["results"]]
         parts.append("**Pickup latency on an idle queue** (handler start − admit; 200 jobs "
                      "20 ms apart); `bench/pickup.py`\n\n" +
-                     table(["consumer", "processes", "p50 ms", "p99 ms", "max ms"], rows))
+                     table(["consumer", "processes", "doorbell", "p50 ms", "p99 ms", "max ms"],
+                           rows))
     d = own.get("idle")
     if d and "results" in d:
-        rows = [[x["mode"], str(x["processes"]), s(x["per_s"], ".2f"),
+        rows = [[x["mode"], str(x["processes"]), _bell(x), s(x["per_s"], ".2f"),
                  ", ".join(f"{k} {v:g}" for k, v in x["by_command"].items())]
                 for x in d["results"]]
         parts.append("**Idle cost**: Redis commands/s, beat 1000 ms (INFO commandstats, "
                      "commands inside scripts included); `bench/idle.py`\n\n" +
-                     table(["consumer", "processes", "commands/s", "per command (/s)"], rows))
+                     table(["consumer", "processes", "doorbell", "commands/s",
+                            "per command (/s)"], rows))
     d = own.get("delayed")
     if d and "results" in d:
-        rows = [[x["mode"], str(x["processes"]), s(x["p50_ms"], ".2f"), s(x["p99_ms"], ".2f"),
-                 s(x["max_ms"], ".2f"), s(x["min_ms"], ".2f")] for x in d["results"]]
+        rows = [[x["mode"], str(x["processes"]), _bell(x), s(x["p50_ms"], ".2f"),
+                 s(x["p99_ms"], ".2f"), s(x["max_ms"], ".2f"), s(x["min_ms"], ".2f")]
+                for x in d["results"]]
         parts.append("**Delayed-job lateness** (handler start − due; 200 jobs due in "
                      "0.3–3 s); `bench/delayed.py`\n\n" +
-                     table(["consumer", "processes", "p50 ms", "p99 ms", "max ms", "min ms"],
-                           rows))
+                     table(["consumer", "processes", "doorbell", "p50 ms", "p99 ms", "max ms",
+                            "min ms"], rows))
     for key in ("memory", "memory_1m"):
         d = own.get(key)
         if not d or "error" in d:
@@ -300,7 +308,8 @@ def main(path: str) -> int:
         out += [table(["client", "command", "requests/s"], rows), ""]
     if data.get("own"):
         out += ["## EchoMQ's own benchmarks", "",
-                "Each run starts its own redis-server; the consumers are "
+                "Each run starts its own server (the embedded Valkey; redis-server with "
+                "`ECHOMQ_SERVER_BINARY=redis`); the consumers are "
                 "`echomq-supervisor start --processes N` (handler `bench/handlers.py`) or one "
                 "standalone `echomq.Consumer(...).run()` process. Drain clocks start at the "
                 "first completed job (boot time is shown apart) and stop when "
