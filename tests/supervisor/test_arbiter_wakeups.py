@@ -19,6 +19,8 @@ from echomq.supervisor.children import Child
 from echomq.supervisor.holdings import Holdings
 from echomq.supervisor.settings import QueueSpec, Settings
 
+from .conftest import wait_until
+
 
 def test_a_queue_down_unregisters_its_doorbell_so_its_fd_can_be_reused(
         redis_url: str, queue_name: str) -> None:
@@ -84,9 +86,14 @@ def _wait_readable(fd: int, timeout: float = 5.0) -> None:
 
 
 def _is_outstanding(r: redis.Redis, bell_client_id: int) -> bool:
-    """True when the doorbell's connection is blocked in its pop on the server."""
-    clients = {int(c["id"]): c for c in r.client_list()}
-    return "b" in clients[bell_client_id]["flags"]
+    """True once the doorbell's connection is blocked in its pop on the server (the pop
+    was written on another connection: the server may run this check before it)."""
+    def blocked() -> bool:
+        clients = {int(c["id"]): c for c in r.client_list()}
+        return "b" in clients[bell_client_id]["flags"]
+
+    wait_until(blocked, 5.0, "the doorbell's pop to block on the server")
+    return True
 
 
 def test_a_quiet_beat_read_outside_the_selector_is_followed_by_a_new_call(
