@@ -85,6 +85,22 @@ def _wait_readable(fd: int, timeout: float = 5.0) -> None:
     assert ready, "no reply within the deadline"
 
 
+def _ring_unread(r: redis.Redis, arbiter: Arbiter) -> None:
+    """Park the queue's doorbell, ring it once, and wait until the reply is in its socket
+    (not read: the arbiter meets it when it next arms the doorbells)."""
+    (rt,) = arbiter.queues.values()
+    arbiter._arm_doorbells(time.monotonic())
+    r.lpush(rt.metronome.keys.wake, "1")  # one job's ring
+    _wait_readable(rt.metronome.doorbell.fileno())
+
+
+def _poked(sock: socket.socket) -> bool:
+    """True when the arbiter wrote a poke to this stand-in child (read and consumed)."""
+    if not select.select([sock], [], [], 0)[0]:
+        return False
+    return sock.recv(16) == protocol.POKE
+
+
 def _is_outstanding(r: redis.Redis, bell_client_id: int) -> bool:
     """True once the doorbell's connection is blocked in its pop on the server (the pop
     was written on another connection: the server may run this check before it)."""
@@ -118,23 +134,13 @@ def test_a_ring_read_outside_the_selector_pokes_one_child_and_parks_for_the_next
     with _one_queue_with_idle_children(redis_url, queue_name, 2) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
         bell = rt.metronome.doorbell
-        arbiter._arm_doorbells(time.monotonic())
-        r.lpush(rt.metronome.keys.wake, "1")  # one job's ring
-        _wait_readable(bell.fileno())
+        _ring_unread(r, arbiter)
         arbiter._arm_doorbells(time.monotonic())
         states = sorted(c.state for c in rt.children)
         assert states == ["busy", "idle"]  # one job wakes one consumer ...
-        poked = [s for s in theirs if select.select([s], [], [], 0)[0]]
-        assert len(poked) == 1 and poked[0].recv(16) == protocol.POKE
+        assert [_poked(s) for s in theirs].count(True) == 1
         # ... and the other, still idle, is parked on the doorbell for the next one
         assert bell.armed and _is_outstanding(r, bell.client_id)
-
-
-def _poked(sock: socket.socket) -> bool:
-    """True when the arbiter wrote a poke to this stand-in child (read and consumed)."""
-    if not select.select([sock], [], [], 0)[0]:
-        return False
-    return sock.recv(16) == protocol.POKE
 
 
 def test_a_doorbell_with_no_reply_long_past_its_block_is_reconnected(
@@ -166,9 +172,7 @@ def test_an_overdue_doorbell_whose_reply_did_come_is_read_not_dropped(
     with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
         bell = rt.metronome.doorbell
-        arbiter._arm_doorbells(time.monotonic())
-        r.lpush(rt.metronome.keys.wake, "1")
-        _wait_readable(bell.fileno())
+        _ring_unread(r, arbiter)
         bell.armed_at -= bell.beat_s + 6.0
         arbiter._arm_doorbells(time.monotonic())
         assert _poked(theirs[0]) and rt.children[0].state == "busy"
@@ -184,9 +188,7 @@ def test_a_ring_whose_poke_cannot_be_delivered_goes_to_an_idle_sibling(
         dead, live = rt.children
         dead.poked_at, live.poked_at = 1.0, 2.0
         theirs[0].close()
-        arbiter._arm_doorbells(time.monotonic())
-        r.lpush(rt.metronome.keys.wake, "1")
-        _wait_readable(rt.metronome.doorbell.fileno())
+        _ring_unread(r, arbiter)
         arbiter._arm_doorbells(time.monotonic())
         assert live.state == "busy" and _poked(theirs[1])
 
