@@ -25,6 +25,7 @@ from echomq.keys import Keys
 from echomq.wake import Doorbell
 
 SAFETY_BEATS = 30  # promote at least this often (in beats) while idle
+PARK_BEATS = 5  # the parked call's server-side block, in beats
 PROMOTE_SLICE = 10  # promote calls per turn of the loop; a larger backlog takes more turns
 TRIM_LIMIT = 1000  # dead jobs dropped per call; more wait for the next turn
 log = logging.getLogger("echomq.supervisor")
@@ -40,7 +41,9 @@ class Metronome:
         self.settings = settings
         self.beat_s = settings.beat_ms / 1000
         self.lease_s = settings.lease_ms / 1000
-        self.doorbell = Doorbell(client, self.keys, self.beat_s, settings.doorbell)
+        # the local timers, not the parked call's timeout, pace promote and reap: the call
+        # blocks for several beats, so an idle queue costs a fraction of a command per beat
+        self.doorbell = Doorbell(client, self.keys, self.beat_s * PARK_BEATS, settings.doorbell)
         self.server_offset_ms: float | None = None  # server clock minus monotonic, in ms
         self.next_promote = 0.0  # monotonic deadlines: 0 = now
         self.next_reap = 0.0
