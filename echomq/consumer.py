@@ -214,6 +214,7 @@ class Consumer:
         batch = self.settings.pump_batch
         total = 0
         while True:
+            sent = time.monotonic()
             promoted, next_due, server_now = scripts.promote(self.queue.redis, self.queue.keys,
                                                              batch)
             total += promoted
@@ -222,7 +223,8 @@ class Consumer:
         # with nothing scheduled, the BLPOP's own timeout ends the park and marks the beat;
         # the local timer is only for a schedule head due before that
         wait = beat_s + 1.0 if next_due < 0 else (next_due - server_now) / 1000
-        self._server_offset_ms = server_now - time.monotonic() * 1000
+        # the server read its clock about halfway through the round trip
+        self._server_offset_ms = server_now - (sent + time.monotonic()) * 500
         self._schedule_head_ms = next_due if next_due >= 0 else None
         return time.monotonic() + max(0.0, wait), total > 0
 

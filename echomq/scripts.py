@@ -15,7 +15,7 @@ loading the script on the node owning that slot and calling again.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import IntEnum
 from importlib import resources
 from typing import Any
@@ -261,11 +261,27 @@ def promote_keys(k: Keys) -> list[str]:
     return [k.schedule, k.ring, k.wake, k.stats, k.prios, k.lanewake, k.blocked]
 
 
-def promote(client: redis.Redis, k: Keys, batch: int) -> tuple[int, int, int]:
+def promote(client: redis.Redis, k: Keys, batch: int,
+            meanwhile: Callable[[], object] | None = None) -> tuple[int, int, float]:
     """Promote due jobs and open rate-limited lanes whose window opened: (promoted jobs and
-    opened lanes, next due ms or -1 (the schedule's or a lane window's), server now ms)."""
-    promoted, next_due, now = PROMOTE(client, promote_keys(k), [k.prefix, batch])
-    return int(promoted), int(next_due), int(now)
+    opened lanes, next due ms or -1 (the schedule's or a lane window's), server now in ms
+    to the microsecond). ``meanwhile`` runs once the call is written and before its reply
+    is read (on a cluster, after the reply); it wakes a consumer, so the call rings no
+    doorbell."""
+    args: list[Arg] = [k.prefix, batch] if meanwhile is None else [k.prefix, batch, "1"]
+    if meanwhile is None:
+        reply = PROMOTE(client, promote_keys(k), args)
+    elif is_cluster(client):
+        reply = PROMOTE(client, promote_keys(k), args)
+        meanwhile()
+    else:
+        flight = send(client, [(PROMOTE, promote_keys(k), args)])
+        try:
+            meanwhile()
+        finally:
+            reply = flight.read()[0]
+    promoted, next_due, now, micros = reply
+    return int(promoted), int(next_due), int(now) + int(micros) / 1000
 
 
 def reap(client: redis.Redis, k: Keys, limit: int = 1000) -> tuple[int, int, int, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import selectors
 import signal
@@ -96,6 +97,21 @@ class QueueRuntime:
     def healthy(self) -> bool:
         """True while Valkey takes this queue's writes (no refusal, no outage)."""
         return self.availability.ok
+
+
+def whole_ms(timeout: float) -> float:
+    """A selector timeout rounded down to whole milliseconds (epoll's unit; it would round
+    up): the loop wakes at most a millisecond before its deadline, never after it."""
+    return max(0.0, math.floor(timeout * 1000) / 1000)
+
+
+def _sleep_until(deadline: float) -> None:
+    """Sleep off what is left of a deadline that epoll woke up to a millisecond before (a
+    delayed job's due time): clock_nanosleep has the precision epoll lacks, and no event
+    is waited for in that fraction of a millisecond."""
+    left = deadline - time.monotonic()
+    if 0.0 < left <= 0.001:
+        time.sleep(left)
 
 
 class Arbiter:
@@ -207,8 +223,11 @@ class Arbiter:
         now = time.monotonic()
         self.last_loop = now
         self._arm_doorbells(now)
-        timeout = max(0.0, self._next_deadline() - now)
-        for key, _ in self.selector.select(timeout):
+        deadline = self._next_deadline()
+        events = self.selector.select(whole_ms(deadline - time.monotonic()))
+        if not events:
+            _sleep_until(deadline)
+        for key, _ in events:
             if key.data == "signals":
                 assert self.signals is not None
                 for signum in self.signals.read():
@@ -347,8 +366,12 @@ class Arbiter:
                     child.state = "idle"
                 if jobs:
                     self._slot_of(child).crashes = 0
-                if child.state == "idle" and rt.work_seen >= child.poked_at and \
-                        not self.stopping:
+                # told while a promote was on its way, it ran nothing: its claim may have
+                # reached the server before the promote (whose ring it stood in for)
+                missed = child.told_ahead and not jobs
+                child.told_ahead = False
+                if child.state == "idle" and (rt.work_seen >= child.poked_at or missed) \
+                        and not self.stopping:
                     self._poke(rt, child)  # work may have come after its last claim
             elif line.startswith((protocol.REFUSED, protocol.BOOTFAIL)):
                 self._on_child_trouble(rt, child, line)
@@ -566,17 +589,18 @@ class Arbiter:
             return True
         return False
 
-    def _poke_idle(self, rt: QueueRuntime) -> None:
+    def _poke_idle(self, rt: QueueRuntime) -> Child | None:
         """Poke one idle child: its first claim rings again while work remains, and the
         next ring pokes the next child, so one job wakes one process and a burst all. A
         child that cannot be told (it died idle, its exit not yet read) passes the poke to
-        the next one."""
+        the next one. Returns the child poked, None when none could be."""
         if self.stopping:
-            return
+            return None
         for child in sorted((c for c in rt.children if c.state == "idle"),
                             key=lambda c: c.poked_at):
             if self._poke(rt, child):
-                return
+                return child
+        return None
 
     def _on_ring(self, rt: QueueRuntime) -> None:
         now = time.monotonic()
@@ -717,12 +741,25 @@ class Arbiter:
         try:
             if not rt.healthy:
                 self._declare_queue(rt)  # the probe: a write, refused while writes are
-                found = False
+                found = ahead = False
             else:
                 if rt.unreleased:  # before a reap could charge their leases a stall
                     self._retry_releases(rt)
                 parked = any(c.state in ("idle", "starting") for c in rt.children)
-                found = rt.metronome.pump(now, disarmed=not parked)
+                told: Child | None = None
+
+                def tell() -> bool:
+                    nonlocal told
+                    told = self._poke_idle(rt)
+                    return told is not None
+
+                # a schedule head fell due: a child is told once the promote is written,
+                # so its claim follows the promote instead of waiting for its reply
+                found = rt.metronome.pump(now, disarmed=not parked,
+                                          tell=tell if rt.metronome.head_due(now) else None)
+                ahead = told is not None
+                if found and told is not None:
+                    told.told_ahead = True  # see the IDLE it sends
         except UNAVAILABLE_ERRORS as exc:
             self._queue_down(rt, now, exc)
             return
@@ -730,7 +767,10 @@ class Arbiter:
             self._queue_up(rt, now)
             rt.work_seen = now  # work may have piled up while we could not see it
             return
-        if found:
+        if found and ahead:
+            rt.work_seen = now
+            rt.metronome.saw_work(now)
+        elif found:
             self._found_work(rt, now)
 
     def _enforce_time_limits(self, now: float) -> None:

@@ -35,6 +35,9 @@ class Child:
     timed_out: dict[str, float] = field(default_factory=dict)  # job id -> limit it passed
     started_at: float = field(default_factory=time.monotonic)
     poked_at: float = 0.0
+    # poked while a promote that found work was on its way: its claim may have reached
+    # the server first, so an IDLE with no job run means poke it again
+    told_ahead: bool = False
     stop_sent: bool = False
     respawn_now: bool = False  # a recycle or a roll: its exit is not a crash
     boot_failure: str | None = None  # what it said with BOOTFAIL: respawning would not help

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import redis
 from echomq.supervisor.logs import event
@@ -22,7 +23,7 @@ from echomq.supervisor.logs import event
 from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.keys import Keys
-from echomq.wake import Doorbell
+from echomq.wake import Doorbell, ring
 
 SAFETY_BEATS = 30  # promote at least this often (in beats) while idle
 PARK_BEATS = 5  # the parked call's server-side block, in beats
@@ -45,6 +46,7 @@ class Metronome:
         # blocks for several beats, so an idle queue costs a fraction of a command per beat
         self.doorbell = Doorbell(client, self.keys, self.beat_s * PARK_BEATS, settings.doorbell)
         self.server_offset_ms: float | None = None  # server clock minus monotonic, in ms
+        self.head_ms: int | None = None  # the schedule head's due time (server ms), if known
         self.next_promote = 0.0  # monotonic deadlines: 0 = now
         self.next_reap = 0.0
         self.next_trim = 0.0
@@ -70,6 +72,7 @@ class Metronome:
         if due is not None:
             self.rings += 1
             self.next_promote = min(self.next_promote, self._local_time(due))
+            self.head_ms = due if self.head_ms is None else min(self.head_ms, due)
         elif rung:
             self.rings += 1
             if self.doorbell.kind == "list":
@@ -83,11 +86,23 @@ class Metronome:
             return 0.0
         return (due_ms - self.server_offset_ms) / 1000
 
-    def pump(self, now: float, disarmed: bool) -> bool:
-        """Run promote and reap if their deadlines passed; True when jobs became claimable."""
+    def head_due(self, now: float) -> bool:
+        """True when the promote timer fired for a schedule head known to be due by now:
+        the promote about to run will make work claimable (unless another replica's
+        metronome promoted it first)."""
+        return (now >= self.next_promote and self.head_ms is not None
+                and self.server_offset_ms is not None and self._local_time(self.head_ms) <= now)
+
+    def pump(self, now: float, disarmed: bool,
+             tell: Callable[[], bool] | None = None) -> bool:
+        """Run promote and reap if their deadlines passed; True when jobs became claimable.
+
+        ``tell`` wakes a consumer while the promote is on its way (its claim follows the
+        promote on the server; see :func:`scripts.promote`); the promote then rings no
+        doorbell, unless ``tell`` returns False (no consumer could be told)."""
         found = False
         if now >= self.next_promote:
-            found |= self._promote(now, disarmed)
+            found |= self._promote(now, disarmed, tell)
         if now >= self.next_reap:
             found |= self._reap(now)
         if now >= self.next_trim:
@@ -108,11 +123,19 @@ class Metronome:
         """Consumers will claim now: leases taken can expire one lease period from now."""
         self.next_reap = min(self.next_reap, now + self.lease_s)
 
-    def _promote(self, now: float, disarmed: bool) -> bool:
+    def _promote(self, now: float, disarmed: bool,
+                 tell: Callable[[], bool] | None = None) -> bool:
         batch = self.settings.pump_batch
         total = 0
+        told: list[bool] = []
         for _ in range(PROMOTE_SLICE):
-            promoted, next_due, server_now = scripts.promote(self.client, self.keys, batch)
+            sent = time.monotonic()
+            promoted, next_due, server_now = scripts.promote(
+                self.client, self.keys, batch,
+                None if tell is None or told else lambda: told.append(tell()))
+            if promoted and told == [False]:  # a quiet promote nobody was told about
+                ring(self.client, self.keys, self.doorbell.kind)
+                told[0] = True
             total += promoted
             if promoted < batch:
                 break
@@ -121,11 +144,13 @@ class Metronome:
             self.next_promote = now
             return True
         self.promoted += total
-        self.server_offset_ms = server_now - time.monotonic() * 1000
-        self.doorbell.next_due_ms = next_due if next_due >= 0 else None
+        # the server read its clock about halfway through the round trip
+        self.server_offset_ms = server_now - (sent + time.monotonic()) * 500
+        self.doorbell.next_due_ms = self.head_ms = next_due if next_due >= 0 else None
         limit = self.beat_s if disarmed else self.beat_s * SAFETY_BEATS
-        wait = limit if next_due < 0 else min(limit, (next_due - server_now) / 1000)
-        self.next_promote = now + max(0.0, wait)
+        self.next_promote = now + limit
+        if next_due >= 0:  # the timer aims at the server's clock reaching the head's due ms
+            self.next_promote = min(self.next_promote, self._local_time(next_due))
         return total > 0
 
     def _reap(self, now: float) -> bool:

@@ -2,7 +2,8 @@
   promote: move up to pump_batch due jobs from the schedule head onto their lanes.
 
   Due is judged on the server clock. A promoted lane that was empty joins the
-  ring; the doorbell rings once when anything was promoted. The caller parks
+  ring; the doorbell rings once when anything was promoted (unless the caller
+  wakes a consumer itself, ARGV[3]). The caller parks
   until the returned next due time (both times are the server's, so hosts with
   skewed clocks agree). Job hashes and lane lists are built inside; an id
   without a hash is dropped. A job with a priority above 0 goes onto its
@@ -23,9 +24,11 @@
     KEYS[7] blocked   set of "<p>|<lane>" taken off ring <p> at a limit
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] pump_batch
+    ARGV[3] "1" (optional): ring no doorbell, the caller wakes a consumer itself
 
   Output:
-    { promoted (jobs and opened lanes), next due time in ms or -1, server now in ms }
+    { promoted (jobs and opened lanes), next due time in ms or -1, server now in ms,
+      the microseconds past that ms (callers keep a timer to the head's due time) }
 ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -70,7 +73,7 @@ if open[2] and tonumber(open[2]) <= now then
   open = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
 end
 if moved > 0 then redis.call('HINCRBY', KEYS[4], 'waiting', moved) end
-if promoted > 0 then
+if promoted > 0 and ARGV[3] ~= '1' then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
   else
@@ -82,4 +85,4 @@ local next_due = -1
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if head[2] then next_due = tonumber(head[2]) end
 if open[2] and (next_due < 0 or tonumber(open[2]) < next_due) then next_due = tonumber(open[2]) end
-return { promoted, next_due, now }
+return { promoted, next_due, now, t[2] % 1000 }

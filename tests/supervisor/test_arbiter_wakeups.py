@@ -7,7 +7,9 @@ left unanswered, goes to a sibling; a stopping child is never poked."""
 from __future__ import annotations
 
 import select
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +19,10 @@ from echomq.supervisor import protocol
 from echomq.supervisor.arbiter import Arbiter
 from echomq.supervisor.children import Child
 from echomq.supervisor.holdings import Holdings
+from echomq.supervisor.localredis import LocalRedis
 from echomq.supervisor.settings import QueueSpec, Settings
+
+import echomq
 
 from .conftest import wait_until
 
@@ -218,3 +223,90 @@ def test_a_stopping_child_that_reports_idle_is_not_poked(
         _wait_readable(child.sock.fileno())
         arbiter._consume_lines(child)
         assert child.state == "stopping" and not _poked(theirs[0])
+
+
+def test_a_due_schedule_head_pokes_a_child_before_its_promote_returns(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    # the promote timer fires for a head known to be due: the child is told first, so
+    # its claim follows the promote on the server instead of waiting a round trip for its
+    # reply; the server is paused (SIGSTOP) so the promote cannot return meanwhile
+    r = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue_name, redis=r)
+    with _one_queue_with_idle_children(private_redis.url, queue_name, 2) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        job_id = q.add("later", {}, delay=0.3)
+        rt.metronome.pump(time.monotonic(), disarmed=False)  # learns the head and the clock
+        assert rt.metronome.head_ms is not None
+        r.delete(rt.metronome.keys.wake)  # the admit's ring (a new head), read
+        wait_until(lambda: rt.metronome.head_due(time.monotonic()), 5.0, "the head's due time")
+        private_redis.proc.send_signal(signal.SIGSTOP)
+        pump = threading.Thread(target=arbiter._pump, args=(rt, time.monotonic()))
+        try:
+            pump.start()
+            told = select.select(theirs, [], [], 5.0)[0]
+            assert told, "no child was told before the promote returned"
+            assert pump.is_alive(), "the promote returned from a paused server"
+        finally:
+            private_redis.proc.send_signal(signal.SIGCONT)
+            pump.join(10)
+        assert _poked(told[0])
+        assert q.get(job_id).state == "waiting"  # type: ignore[union-attr]
+        # the promote found the job the told child will claim: it rings no doorbell and
+        # no second child is woken
+        assert r.llen(rt.metronome.keys.wake) == 0
+        assert sorted(c.state for c in rt.children) == ["busy", "idle"]
+        assert not any(_poked(s) for s in theirs)
+
+
+def _told_ahead(r: redis.Redis, q: echomq.Queue, arbiter: Arbiter) -> str:
+    """Admit a job due at once, let the metronome learn it as the schedule head, and pump
+    at its due time: the promote goes out with a child told meanwhile. Returns its id."""
+    (rt,) = arbiter.queues.values()
+    job_id = q.add("later", {}, delay=0.5)  # the first pump comes before it, even under load
+    rt.metronome.pump(time.monotonic(), disarmed=False)
+    assert rt.metronome.head_ms is not None, "the job was due before the first promote"
+    r.delete(rt.metronome.keys.wake)  # the admit's ring (a new head), read
+    wait_until(lambda: rt.metronome.head_due(time.monotonic()), 5.0, "the head's due time")
+    arbiter._pump(rt, time.monotonic())
+    return job_id
+
+
+def test_a_told_child_whose_claim_ran_before_the_promote_is_told_again(
+        redis_url: str, queue_name: str) -> None:
+    # the promote rang no doorbell for the child told while it was on its way; if that
+    # child's claim reached the server first it found nothing: its IDLE with no job run
+    # gets it poked again, or the promoted job would wait for an unrelated ring
+    r = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=r)
+    with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, theirs):
+        (child,) = arbiter.queues[queue_name].children
+        job_id = _told_ahead(r, q, arbiter)
+        assert q.get(job_id).state == "waiting"  # type: ignore[union-attr]
+        assert _poked(theirs[0]) and r.llen(arbiter.queues[queue_name].metronome.keys.wake) == 0
+        theirs[0].send(protocol.idle_line(0, 0))  # its claim came back empty
+        arbiter._on_child_readable(child)
+        assert _poked(theirs[0]), "the told child was left idle beside a claimable job"
+
+
+def test_a_told_child_that_ran_a_job_is_not_told_again(redis_url: str, queue_name: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=r)
+    with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, theirs):
+        (child,) = arbiter.queues[queue_name].children
+        _told_ahead(r, q, arbiter)
+        assert _poked(theirs[0])
+        theirs[0].send(protocol.idle_line(1, 0))  # it claimed after the promote: it saw the job
+        arbiter._on_child_readable(child)
+        assert child.state == "idle" and not _poked(theirs[0])
+
+
+def test_a_promote_whose_told_child_is_gone_rings_the_doorbell(
+        redis_url: str, queue_name: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=r)
+    with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, theirs):
+        theirs[0].close()  # the only idle child died; its exit is not read yet
+        job_id = _told_ahead(r, q, arbiter)
+        assert q.get(job_id).state == "waiting"  # type: ignore[union-attr]
+        # nobody could be told: the ring the promote left out is rung after it
+        assert r.lrange(arbiter.queues[queue_name].metronome.keys.wake, 0, -1) == [b"1"]
