@@ -7,8 +7,14 @@ reap and promote are worth a round trip: promote when the schedule head is
 due (the server's BLPOP timeout fires only on its ``hz`` tick, so the timer
 is what makes a delayed job start on time), reap when the lease head can
 have expired. An idle queue with nothing scheduled and nothing leased costs
-one BLPOP per beat, plus a safety promote and reap every 30 beats (for heads
-another replica's metronome was told about, and leases it took).
+one BLPOP per five beats (the call blocks that long: nothing but a dead
+connection needs its timeout), plus a safety promote and reap every 30 beats
+(for heads another replica's metronome was told about, and leases it took).
+
+When the promote timer fires for a head known to be due, the arbiter pokes a
+consumer while the promote is on its way (``pump(tell=...)``): the claim
+reaches the server behind the promote instead of a round trip after it, and
+the promote rings no doorbell, since a consumer is already told.
 """
 
 from __future__ import annotations
