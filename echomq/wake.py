@@ -231,6 +231,14 @@ class Doorbell:
             # as a lost connection: the owner unregisters the closed socket and re-arms
             raise redis.exceptions.ConnectionError(f"doorbell key served elsewhere: {exc}") \
                 from exc
+        except redis.exceptions.ResponseError as exc:
+            if not str(exc).startswith("UNBLOCKED"):
+                raise
+            # the server ended the call (a primary demoted to a replica, CLIENT UNBLOCK
+            # ERROR): as a lost connection, so the owner re-arms where the primary is now
+            self.reset()
+            self.lost = True
+            raise redis.exceptions.ConnectionError(f"doorbell unblocked: {exc}") from exc
         self.armed_at = None
         return reply
 

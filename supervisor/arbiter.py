@@ -36,7 +36,7 @@ from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, redact_url
 from echomq.keys import REGISTRY, Keys
 from echomq.lanes import Lanes, Outcome, record_lane_limit, unheld_claims
 from echomq.runner import retry_ms_of, timed_out_text
-from echomq.wake import DoorbellMismatch, claim_doorbell
+from echomq.wake import DoorbellMismatch, claim_doorbell, ring
 
 log = logging.getLogger("echomq.supervisor")
 CRASH_BACKOFF_MAX_S = 30.0
@@ -99,18 +99,29 @@ class QueueRuntime:
         return self.availability.ok
 
 
+def epoll_ms(timeout: float) -> int:
+    """The milliseconds epoll waits for a selector timeout: EpollSelector rounds it up to
+    whole ms, then CPython rounds the float up to ns and the ns up to ms (so 0.009 s,
+    a hair above 9 ms as a float, waits 10)."""
+    seconds = math.ceil(timeout * 1e3) * 1e-3
+    return -(-math.ceil(seconds * 1e9) // 1_000_000)
+
+
 def whole_ms(timeout: float) -> float:
-    """A selector timeout rounded down to whole milliseconds (epoll's unit; it would round
-    up): the loop wakes at most a millisecond before its deadline, never after it."""
-    return max(0.0, math.floor(timeout * 1000) / 1000)
+    """A selector timeout that epoll waits no longer than: whole milliseconds, rounded
+    down. The loop wakes up to two milliseconds before its deadline, never after it."""
+    ms = max(0, math.floor(timeout * 1000))
+    while ms > 0 and epoll_ms(ms / 1000) > timeout * 1000:
+        ms -= 1
+    return ms / 1000
 
 
 def _sleep_until(deadline: float) -> None:
-    """Sleep off what is left of a deadline that epoll woke up to a millisecond before (a
-    delayed job's due time): clock_nanosleep has the precision epoll lacks, and no event
-    is waited for in that fraction of a millisecond."""
+    """Sleep off what is left of a deadline that epoll woke up to two milliseconds before
+    (a delayed job's due time): clock_nanosleep has the precision epoll lacks, and no
+    event is waited for in that sliver of time."""
     left = deadline - time.monotonic()
-    if 0.0 < left <= 0.001:
+    if 0.0 < left <= 0.002:
         time.sleep(left)
 
 
@@ -366,9 +377,11 @@ class Arbiter:
                     child.state = "idle"
                 if jobs:
                     self._slot_of(child).crashes = 0
-                # told while a promote was on its way, it ran nothing: its claim may have
-                # reached the server before the promote (whose ring it stood in for)
-                missed = child.told_ahead and not jobs
+                # told while a promote was on its way: its claim may have reached the
+                # server before the promote (whose ring it stood in for). Its count does
+                # not tell (a concurrent child counts jobs claimed before or beside that
+                # claim), so it claims once more: an empty claim at worst
+                missed = child.told_ahead
                 child.told_ahead = False
                 if child.state == "idle" and (rt.work_seen >= child.poked_at or missed) \
                         and not self.stopping:
@@ -423,7 +436,10 @@ class Arbiter:
             # it was told to claim and left without saying it found nothing (a recycle, a
             # crash): the work it was woken for goes to a sibling (releases poke on their own)
             rt.work_seen = time.monotonic()
-            self._poke_idle(rt)
+            if self._poke_idle(rt) is None and child.told_ahead:
+                # no sibling here (or stopping) and the promote it stood for rang nothing:
+                # ring now, for the consumers of other replicas
+                self._ring(rt)
         if os.WIFSIGNALED(status):
             how, code = f"killed by {signal.Signals(os.WTERMSIG(status)).name}", -1
         else:
@@ -612,6 +628,13 @@ class Arbiter:
             return
         if rung:
             self._found_work(rt, now)  # poke first: promote can wait a few microseconds
+
+    def _ring(self, rt: QueueRuntime) -> None:
+        """Ring the queue's doorbell (a quiet promote whose told child left unheard)."""
+        try:
+            ring(self.client, rt.metronome.keys, rt.settings.doorbell)
+        except UNAVAILABLE_ERRORS as exc:  # every idle child is poked when it comes back
+            self._queue_down(rt, time.monotonic(), exc)
 
     def _found_work(self, rt: QueueRuntime, now: float) -> None:
         rt.work_seen = now

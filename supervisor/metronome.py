@@ -136,9 +136,19 @@ class Metronome:
         told: list[bool] = []
         for _ in range(PROMOTE_SLICE):
             sent = time.monotonic()
-            promoted, next_due, server_now = scripts.promote(
-                self.client, self.keys, batch,
-                None if tell is None or told else lambda: told.append(tell()))
+            quiet = None if tell is None or told else lambda: told.append(tell())
+            try:
+                promoted, next_due, server_now = scripts.promote(self.client, self.keys,
+                                                                 batch, quiet)
+            except redis.exceptions.ConnectionError:
+                if quiet is None:
+                    raise
+                # redis-py retries a plain call on a new connection (a reconnect, a
+                # Sentinel primary that moved), not one written ahead; whether it ran,
+                # ringing nothing, is unknown: again the plain way, and a ring
+                promoted, next_due, server_now = scripts.promote(self.client, self.keys, batch)
+                ring(self.client, self.keys, self.doorbell.kind)
+                told[:] = [True]
             if promoted and told == [False]:  # a quiet promote nobody was told about
                 ring(self.client, self.keys, self.doorbell.kind)
                 told[0] = True

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import redis
 from echomq.supervisor import protocol
-from echomq.supervisor.arbiter import Arbiter
+from echomq.supervisor.arbiter import Arbiter, epoll_ms, whole_ms
 from echomq.supervisor.children import Child
 from echomq.supervisor.holdings import Holdings
 from echomq.supervisor.localredis import LocalRedis
@@ -288,16 +288,108 @@ def test_a_told_child_whose_claim_ran_before_the_promote_is_told_again(
         assert _poked(theirs[0]), "the told child was left idle beside a claimable job"
 
 
-def test_a_told_child_that_ran_a_job_is_not_told_again(redis_url: str, queue_name: str) -> None:
+def test_a_told_child_claims_once_more_whatever_it_ran_and_then_rests(
+        redis_url: str, queue_name: str) -> None:
+    # a concurrent child's IDLE counts jobs claimed before or beside the told claim, so a
+    # count above 0 does not say that claim came after the promote: one more claim
     r = redis.Redis.from_url(redis_url)
     q = echomq.Queue(queue_name, redis=r)
     with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, theirs):
         (child,) = arbiter.queues[queue_name].children
         _told_ahead(r, q, arbiter)
         assert _poked(theirs[0])
-        theirs[0].send(protocol.idle_line(1, 0))  # it claimed after the promote: it saw the job
+        theirs[0].send(protocol.idle_line(1, 0))
+        arbiter._on_child_readable(child)
+        assert _poked(theirs[0]), "a told child reporting a job was left beside the promoted one"
+        theirs[0].send(protocol.idle_line(1, 0))  # its next claim came back empty
         arbiter._on_child_readable(child)
         assert child.state == "idle" and not _poked(theirs[0])
+
+
+def _exit_unheard(arbiter: Arbiter, child: Child, their_end: socket.socket) -> None:
+    """The child dies without a word (no IDLE): its end closes and its exit is read."""
+    their_end.close()
+    arbiter._on_child_exit(child, 0)
+
+
+def test_a_told_child_that_leaves_unheard_passes_its_poke_to_a_sibling(
+        redis_url: str, queue_name: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=r)
+    with _one_queue_with_idle_children(redis_url, queue_name, 2) as (arbiter, theirs):
+        rt = arbiter.queues[queue_name]
+        _told_ahead(r, q, arbiter)
+        told = next(i for i, s in enumerate(theirs) if _poked(s))
+        _exit_unheard(arbiter, rt.slots[told].child, theirs[told])  # type: ignore[arg-type]
+        assert _poked(theirs[1 - told])  # the sibling claims what the told one was woken for
+        assert r.llen(rt.metronome.keys.wake) == 0
+
+
+def test_a_told_child_that_leaves_unheard_with_no_sibling_rings_for_other_replicas(
+        redis_url: str, queue_name: str) -> None:
+    # the promote it was told for rang nothing: with nobody here to take the poke (no
+    # idle sibling, or the supervisor stopping), a ring wakes other replicas' consumers
+    r = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=r)
+    with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, theirs):
+        rt = arbiter.queues[queue_name]
+        _told_ahead(r, q, arbiter)
+        assert _poked(theirs[0]) and r.llen(rt.metronome.keys.wake) == 0
+        arbiter.stopping = True  # a SIGTERM came before the child read its poke
+        _exit_unheard(arbiter, rt.slots[0].child, theirs[0])  # type: ignore[arg-type]
+        assert r.lrange(rt.metronome.keys.wake, 0, -1) == [b"1"]
+
+
+def test_a_promote_written_ahead_whose_connection_dies_runs_again_and_rings(
+        redis_url: str, queue_name: str) -> None:
+    # redis-py retries a plain call on a fresh connection, not one written ahead: the
+    # metronome runs it again the plain way; the first may have run and rung nothing,
+    # so it rings as well
+    r = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=r)
+    with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, theirs):
+        rt = arbiter.queues[queue_name]
+        job_id = q.add("later", {}, delay=0.5)
+        rt.metronome.pump(time.monotonic(), disarmed=False)
+        r.delete(rt.metronome.keys.wake)
+        wait_until(lambda: rt.metronome.head_due(time.monotonic()), 5.0, "the head's due time")
+
+        def cut_the_promote() -> bool:
+            # the connection the promote went out on fails before its reply is read
+            for conn in list(arbiter.client.connection_pool._in_use_connections):
+                conn._sock.shutdown(socket.SHUT_RDWR)
+            return True
+
+        assert rt.metronome.pump(time.monotonic(), disarmed=False, tell=cut_the_promote) \
+            or q.get(job_id).state == "waiting"  # type: ignore[union-attr]
+        assert q.get(job_id).state == "waiting"  # type: ignore[union-attr]
+        assert r.lrange(rt.metronome.keys.wake, 0, -1) == [b"1"]
+
+
+def test_a_doorbell_the_server_unblocks_with_an_error_takes_the_queue_down_not_the_loop(
+        redis_url: str, queue_name: str) -> None:
+    # a primary demoted to a replica (or CLIENT UNBLOCK ... ERROR) answers the parked pop
+    # with -UNBLOCKED: as a lost connection, not an error out of the supervisor's loop
+    r = redis.Redis.from_url(redis_url)
+    with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, _):
+        rt = arbiter.queues[queue_name]
+        bell = rt.metronome.doorbell
+        arbiter._arm_doorbells(time.monotonic())
+        assert _is_outstanding(r, bell.client_id)
+        r.execute_command("CLIENT", "UNBLOCK", bell.client_id, "ERROR")
+        _wait_readable(bell.fileno())
+        arbiter._on_ring(rt)
+        assert not rt.healthy and not bell.armed
+
+
+def test_the_loop_never_waits_on_epoll_past_its_deadline() -> None:
+    # epoll counts whole milliseconds and CPython rounds a float timeout up twice on the
+    # way there: the loop asks for one epoll waits no longer than, then sleeps the rest
+    for tenth_ms in range(0, 1000):
+        timeout = tenth_ms / 10_000
+        asked = whole_ms(timeout)
+        assert epoll_ms(asked) <= timeout * 1000, timeout
+        assert asked >= timeout - 0.002, timeout
 
 
 def test_a_promote_whose_told_child_is_gone_rings_the_doorbell(
