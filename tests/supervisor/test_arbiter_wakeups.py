@@ -356,8 +356,8 @@ def test_a_promote_written_ahead_whose_connection_dies_runs_again_and_rings(
 
         def cut_the_promote() -> bool:
             # the connection the promote went out on fails before its reply is read
-            for conn in list(arbiter.client.connection_pool._in_use_connections):
-                conn._sock.shutdown(socket.SHUT_RDWR)
+            (conn,) = arbiter.client.connection_pool._in_use_connections
+            conn.disconnect()
             return True
 
         assert rt.metronome.pump(time.monotonic(), disarmed=False, tell=cut_the_promote) \
