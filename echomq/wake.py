@@ -57,6 +57,8 @@ from echomq.errors import ConfigError
 from echomq.keys import Keys
 
 BLOCK_GRACE_S = 5.0  # a reply this late past the block means the connection is dead
+CANCEL_WAIT_S = 2.0  # how long a cancel waits for the server to run the pop it ends
+CANCEL_RETRY_S = 0.005  # CLIENT UNBLOCK again after this (nothing says the pop has run)
 KINDS = DOORBELLS
 NOW_MEMBER = b"0"  # marker member for claimable work; "1" carries the schedule head's due
 
@@ -276,7 +278,9 @@ class Doorbell:
         if self.armed_at is None:
             return
         try:
-            self._node_client().execute_command("CLIENT", "UNBLOCK", self.client_id, "TIMEOUT")
+            if not self._unblock():
+                self.reset()  # the pop never ran within the wait: dropped with its connection
+                return
             reply = self._read()
             if reply is not None and self.kind == "marker":
                 _, member, score = reply
@@ -288,6 +292,23 @@ class Doorbell:
             self.reset()  # no permission for CLIENT UNBLOCK, or the server is gone
         except OSError:
             self.reset()
+
+    def _unblock(self) -> bool:
+        """End the outstanding pop: True once its reply is on its way. CLIENT UNBLOCK goes
+        out on another connection and can reach the server before the pop (just sent, or
+        held by CLIENT PAUSE); it then answers 0 and the pop would block its whole time.
+        No event says when the server has run the pop, so the UNBLOCK is repeated every
+        few milliseconds, each wait ending early when the reply arrives."""
+        client = self._node_client()
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while True:
+            if client.execute_command("CLIENT", "UNBLOCK", self.client_id, "TIMEOUT") or \
+                    self.buffered():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            select.select([self.fileno()], [], [], min(CANCEL_RETRY_S, left))
 
     def _node_client(self) -> Any:
         """A client of the node this connection is on: client ids are per node."""

@@ -1,10 +1,12 @@
-"""A doorbell read after its call was cancelled returns at once (nothing is outstanding)."""
+"""Cancelling a doorbell's pop: a read after it returns at once (nothing is outstanding),
+and a cancel that reaches the server before the pop still ends it."""
 
 from __future__ import annotations
 
 import time
 
 import redis
+from echomq.supervisor.localredis import LocalRedis
 
 from echomq.keys import Keys
 from echomq.wake import Doorbell
@@ -17,4 +19,26 @@ def test_collect_after_cancel_returns_at_once(r: redis.Redis, queue_name: str) -
     started = time.monotonic()
     assert bell.collect() is False
     assert time.monotonic() - started < 5.0  # not the socket timeout (beat + grace)
+    bell.close()
+
+
+def test_cancel_that_overtakes_its_pop_ends_it_once_the_server_runs_it(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    # the pop and CLIENT UNBLOCK go out on different connections: the server can run the
+    # UNBLOCK first (here: writes paused, so the pop waits while the UNBLOCK answers 0).
+    # The pop then blocked for its whole timeout and close() waited for it: a stop()
+    # hung for a beat
+    r = redis.Redis.from_url(private_redis.url)
+    keys = Keys(queue_name)
+    bell = Doorbell(r, keys.wake, beat_s=30)
+    bell.arm()
+    bell.cancel()  # connected, its client id known
+    r.execute_command("CLIENT", "PAUSE", 500, "WRITE")
+    bell.arm()
+    started = time.monotonic()
+    bell.cancel()
+    assert time.monotonic() - started < 10.0, "cancel waited for the pop's whole block"
+    assert int(r.info("clients")["blocked_clients"]) == 0
+    r.lpush(keys.wake, "1")  # a ring now is not taken by the cancelled pop
+    assert r.llen(keys.wake) == 1
     bell.close()
