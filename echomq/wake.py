@@ -116,7 +116,10 @@ class Doorbell:
             key = key.marker if kind == "marker" else key.wake
         self.key = key
         self.beat_s = max(0.01, beat_s)
-        self.conn: Any = blocking_connection(client, key, self.beat_s + BLOCK_GRACE_S)
+        # its replies are read only once they are in the socket (a selector, select, or a
+        # CLIENT UNBLOCK that ended the call), so reads wait for no block: the timeout
+        # bounds the handshake with a server that accepts but never answers
+        self.conn: Any = blocking_connection(client, key, BLOCK_GRACE_S)
         self.client_id: int | None = None
         self.armed_at: float | None = None
         self.redirect: tuple[str, int, bool] | None = None  # where MOVED/ASK pointed, ASK?
@@ -161,8 +164,7 @@ class Doorbell:
             self.lost = False
         address = self.redirect[:2] if self.redirect else None
         self.asking = bool(self.redirect and self.redirect[2])
-        self.conn = blocking_connection(self.client, self.key, self.beat_s + BLOCK_GRACE_S,
-                                        address)
+        self.conn = blocking_connection(self.client, self.key, BLOCK_GRACE_S, address)
         self.redirect = None  # one connection only: afterwards the slot map decides again
 
     def fileno(self) -> int:
