@@ -155,7 +155,7 @@ def test_a_rate_limited_lane_waits_for_its_window_on_the_server_clock(
     assert lanes.claim(20) == []
     promoted, next_due, now = scripts.promote(r, q.keys, 100)
     assert promoted == 0 and next_due == opens  # the metronome parks until the window opens
-    r.zadd(q.keys.lanewake, {"a": now})  # let the clock reach it
+    r.zadd(q.keys.lanewake, {"a": int(now)})  # let the clock reach it (its whole ms)
     r.delete(q.keys.starts("a"))
     assert scripts.promote(r, q.keys, 100)[0] == 1
     assert r.lrange(q.keys.wake, 0, -1)[:1] == [b"1"]
