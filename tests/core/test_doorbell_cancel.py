@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
 from echomq.supervisor.localredis import LocalRedis
 
@@ -29,6 +30,10 @@ def test_cancel_that_overtakes_its_pop_ends_it_once_the_server_runs_it(
     # The pop then blocked for its whole timeout and close() waited for it: a stop()
     # hung for a beat
     r = redis.Redis.from_url(private_redis.url)
+    version = tuple(int(p) for p in str(r.info("server")["redis_version"]).split(".")[:2])
+    if version < (7, 2):
+        pytest.skip("redis-server before 7.2 aborts on CLIENT UNBLOCK of a client that "
+                    "CLIENT PAUSE holds (the way this test holds the pop back)")
     keys = Keys(queue_name)
     bell = Doorbell(r, keys.wake, beat_s=30)
     bell.arm()
