@@ -269,11 +269,10 @@ def promote(client: redis.Redis, k: Keys, batch: int,
     is read (on a cluster, after the reply); it wakes a consumer, so the call rings no
     doorbell."""
     args: list[Arg] = [k.prefix, batch] if meanwhile is None else [k.prefix, batch, "1"]
-    if meanwhile is None:
+    if meanwhile is None or is_cluster(client):
         reply = PROMOTE(client, promote_keys(k), args)
-    elif is_cluster(client):
-        reply = PROMOTE(client, promote_keys(k), args)
-        meanwhile()
+        if meanwhile is not None:
+            meanwhile()
     else:
         flight = send(client, [(PROMOTE, promote_keys(k), args)])
         try:

@@ -122,7 +122,7 @@ def _sleep_until(deadline: float) -> None:
     event is waited for in that sliver of time."""
     left = deadline - time.monotonic()
     if 0.0 < left <= 0.002:
-        time.sleep(left)
+        time.sleep(left)  # a timer, not an event: nothing else marks the deadline
 
 
 class Arbiter:
@@ -761,15 +761,15 @@ class Arbiter:
     def _pump(self, rt: QueueRuntime, now: float) -> None:
         if now < rt.metronome.deadline():
             return
+        told: Child | None = None  # poked while the promote was on its way
         try:
             if not rt.healthy:
                 self._declare_queue(rt)  # the probe: a write, refused while writes are
-                found = ahead = False
+                found = False
             else:
                 if rt.unreleased:  # before a reap could charge their leases a stall
                     self._retry_releases(rt)
                 parked = any(c.state in ("idle", "starting") for c in rt.children)
-                told: Child | None = None
 
                 def tell() -> bool:
                     nonlocal told
@@ -780,9 +780,6 @@ class Arbiter:
                 # so its claim follows the promote instead of waiting for its reply
                 found = rt.metronome.pump(now, disarmed=not parked,
                                           tell=tell if rt.metronome.head_due(now) else None)
-                ahead = told is not None
-                if found and told is not None:
-                    told.told_ahead = True  # see the IDLE it sends
         except UNAVAILABLE_ERRORS as exc:
             self._queue_down(rt, now, exc)
             return
@@ -790,7 +787,8 @@ class Arbiter:
             self._queue_up(rt, now)
             rt.work_seen = now  # work may have piled up while we could not see it
             return
-        if found and ahead:
+        if found and told is not None:
+            told.told_ahead = True  # see the IDLE it sends
             rt.work_seen = now
             rt.metronome.saw_work(now)
         elif found:

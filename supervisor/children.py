@@ -36,7 +36,7 @@ class Child:
     started_at: float = field(default_factory=time.monotonic)
     poked_at: float = 0.0
     # poked while a promote that found work was on its way: its claim may have reached
-    # the server first, so an IDLE with no job run means poke it again
+    # the server first, so its next IDLE gets it poked once more
     told_ahead: bool = False
     stop_sent: bool = False
     respawn_now: bool = False  # a recycle or a roll: its exit is not a crash

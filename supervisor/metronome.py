@@ -133,25 +133,12 @@ class Metronome:
                  tell: Callable[[], bool] | None = None) -> bool:
         batch = self.settings.pump_batch
         total = 0
-        told: list[bool] = []
-        for _ in range(PROMOTE_SLICE):
+        for i in range(PROMOTE_SLICE):
             sent = time.monotonic()
-            quiet = None if tell is None or told else lambda: told.append(tell())
-            try:
-                promoted, next_due, server_now = scripts.promote(self.client, self.keys,
-                                                                 batch, quiet)
-            except redis.exceptions.ConnectionError:
-                if quiet is None:
-                    raise
-                # redis-py retries a plain call on a new connection (a reconnect, a
-                # Sentinel primary that moved), not one written ahead; whether it ran,
-                # ringing nothing, is unknown: again the plain way, and a ring
+            if i == 0 and tell is not None:
+                promoted, next_due, server_now = self._promote_telling(batch, tell)
+            else:
                 promoted, next_due, server_now = scripts.promote(self.client, self.keys, batch)
-                ring(self.client, self.keys, self.doorbell.kind)
-                told[:] = [True]
-            if promoted and told == [False]:  # a quiet promote nobody was told about
-                ring(self.client, self.keys, self.doorbell.kind)
-                told[0] = True
             total += promoted
             if promoted < batch:
                 break
@@ -168,6 +155,23 @@ class Metronome:
         if next_due >= 0:  # the timer aims at the server's clock reaching the head's due ms
             self.next_promote = min(self.next_promote, self._local_time(next_due))
         return total > 0
+
+    def _promote_telling(self, batch: int, tell: Callable[[], bool]) -> tuple[int, int, float]:
+        """One promote that wakes a consumer on its way instead of ringing; it rings after
+        all when nobody could be told."""
+        told: list[bool] = []
+        try:
+            reply = scripts.promote(self.client, self.keys, batch, lambda: told.append(tell()))
+        except redis.exceptions.ConnectionError:
+            # redis-py retries a plain call on a new connection (a reconnect, a Sentinel
+            # primary that moved), not one written ahead; whether it ran, ringing nothing,
+            # is unknown: again the plain way, and a ring
+            reply = scripts.promote(self.client, self.keys, batch)
+            ring(self.client, self.keys, self.doorbell.kind)
+            return reply
+        if reply[0] and told == [False]:  # promoted, and nobody could be told
+            ring(self.client, self.keys, self.doorbell.kind)
+        return reply
 
     def _reap(self, now: float) -> bool:
         requeued, buried, next_expiry, server_now = scripts.reap(self.client, self.keys)

@@ -234,11 +234,7 @@ def test_a_due_schedule_head_pokes_a_child_before_its_promote_returns(
     q = echomq.Queue(queue_name, redis=r)
     with _one_queue_with_idle_children(private_redis.url, queue_name, 2) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
-        job_id = q.add("later", {}, delay=0.3)
-        rt.metronome.pump(time.monotonic(), disarmed=False)  # learns the head and the clock
-        assert rt.metronome.head_ms is not None
-        r.delete(rt.metronome.keys.wake)  # the admit's ring (a new head), read
-        _wait_due(r, arbiter)
+        job_id = _due_head(r, q, arbiter)
         private_redis.proc.send_signal(signal.SIGSTOP)
         pump = threading.Thread(target=arbiter._pump, args=(rt, time.monotonic()))
         try:
@@ -259,30 +255,32 @@ def test_a_due_schedule_head_pokes_a_child_before_its_promote_returns(
 
 
 def _told_ahead(r: redis.Redis, q: echomq.Queue, arbiter: Arbiter) -> str:
-    """Admit a job due at once, let the metronome learn it as the schedule head, and pump
-    at its due time: the promote goes out with a child told meanwhile. Returns its id."""
+    """Pump at a delayed job's due time (:func:`_due_head`): the promote goes out with a
+    child told meanwhile. Returns the job's id."""
+    job_id = _due_head(r, q, arbiter)
+    arbiter._pump(arbiter.queues[q.name], time.monotonic())
+    return job_id
+
+
+def _due_head(r: redis.Redis, q: echomq.Queue, arbiter: Arbiter) -> str:
+    """Admit a delayed job, let the metronome learn it as the schedule head (and the
+    server's clock), and wait until it is due. Returns its id."""
     (rt,) = arbiter.queues.values()
     job_id = q.add("later", {}, delay=0.5)  # the first pump comes before it, even under load
     rt.metronome.pump(time.monotonic(), disarmed=False)
     assert rt.metronome.head_ms is not None, "the job was due before the first promote"
     r.delete(rt.metronome.keys.wake)  # the admit's ring (a new head), read
-    _wait_due(r, arbiter)
-    arbiter._pump(rt, time.monotonic())
-    return job_id
-
-
-def _wait_due(r: redis.Redis, arbiter: Arbiter) -> None:
-    """Wait until the metronome takes the schedule head for due and the server's clock
-    agrees (under load the clock offset it estimated can be early by a fraction of a
-    round trip: its promote would then find nothing and the test prove nothing)."""
-    (rt,) = arbiter.queues.values()
     head = rt.metronome.head_ms
 
     def due() -> bool:
+        # the metronome takes it for due and the server's clock agrees (under load the
+        # offset it estimated can be early by a fraction of a round trip: its promote
+        # would then find nothing and the test prove nothing)
         seconds, micros = r.time()
         return rt.metronome.head_due(time.monotonic()) and seconds * 1000 + micros // 1000 >= head
 
     wait_until(due, 5.0, "the head's due time")
+    return job_id
 
 
 def test_a_told_child_whose_claim_ran_before_the_promote_is_told_again(
@@ -363,10 +361,7 @@ def test_a_promote_written_ahead_whose_connection_dies_runs_again_and_rings(
     q = echomq.Queue(queue_name, redis=r)
     with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, theirs):
         rt = arbiter.queues[queue_name]
-        job_id = q.add("later", {}, delay=0.5)
-        rt.metronome.pump(time.monotonic(), disarmed=False)
-        r.delete(rt.metronome.keys.wake)
-        _wait_due(r, arbiter)
+        job_id = _due_head(r, q, arbiter)
 
         def cut_the_promote() -> bool:
             # the connection the promote went out on fails before its reply is read
