@@ -53,12 +53,15 @@ class Drain:
     """One queue's claim → run → settle loop, driven by :meth:`run`.
 
     With ``send_ahead`` (a plain server; the default there) and jobs fast enough to be
-    claimed more than one at a time, the settle of a batch and the claim of the batch
-    after next go out before the jobs in hand run, and their reply is read after: the
-    server settles and claims while the consumer runs jobs, instead of each waiting for
-    the other. A job claimed ahead waits at most one batch (the batch size keeps that
-    under ~10 ms); one that is stopped, or that a crash leaves behind, goes back
-    unstarted and uncharged like the rest of its batch.
+    claimed more than one at a time, a request is always in flight while jobs run: the
+    claim of the next batch goes out before the first batch runs, and once a batch has
+    run, its settle and the claim of the batch after next are written before the reply
+    holding the next batch is read. The server settles and claims while the consumer
+    reads, parses and runs, instead of each waiting for the other; two requests are in
+    flight only between that write and that read, on one connection. A job claimed
+    ahead waits at most one batch (the batch size keeps that under ~10 ms); one that is
+    stopped, or that a crash leaves behind, goes back unstarted and uncharged like the
+    rest of its batch.
     """
 
     def __init__(self, lanes: Lanes, runner: Runner, hooks: DrainHooks) -> None:
@@ -88,12 +91,16 @@ class Drain:
             self.claim_unknown = True
             raise
         carried: list[Outcome] = []  # finished outcomes of the batch before, not sent yet
+        ahead: Ahead | None = None  # written, reply unread: claims the batch after this one
         while batch:
             self.hooks.on_batch(batch)
-            ahead = self._send_ahead(batch, carried)
-            if ahead is None and carried:  # not sent ahead: they settle before it runs
-                carried = self._settle_carried(carried)
-            outcomes = [] if ahead is not None else carried
+            if ahead is None:
+                ahead = self._send_ahead(batch, carried)
+                if ahead is not None:
+                    carried = []
+                elif carried:  # not sent ahead: they settle before it runs
+                    carried = self._settle_carried(carried)
+            outcomes = carried
             try:
                 rest = self._run_batch(batch, outcomes)
             except BaseException:  # a handler's KeyboardInterrupt: hold what came ahead
@@ -104,10 +111,21 @@ class Drain:
                 self._stop(ahead, outcomes, rest or [])
                 return
             if ahead is not None:
-                batch = self._read_ahead(ahead, outcomes)
+                after = self._send_after(ahead, outcomes)
+                try:
+                    batch = self._read_ahead(ahead, outcomes)
+                except BaseException:  # what went behind it is unknown too: kept, unread
+                    if after is not None:
+                        self.claim_unknown = True
+                        after.drop()
+                    raise
+                ahead, carried = after, ([] if after is not None else outcomes)
                 if batch:
-                    carried = outcomes
                     continue
+                if ahead is not None:  # claimed after this batch ran: read it, end if empty
+                    batch, ahead = self._read_ahead(ahead, []), None
+                    continue
+                outcomes = carried
             try:
                 codes, batch = self.lanes.settle_and_claim(outcomes, self.hooks.batch_size())
             except UNAVAILABLE_ERRORS:
@@ -142,6 +160,21 @@ class Drain:
             return self.lanes.send_ahead(carried, size)
         except UNAVAILABLE_ERRORS:
             # part of the request may have gone out: the claim may have run, unseen
+            self.claim_unknown = True
+            return None
+
+    def _send_after(self, ahead: Ahead, outcomes: list[Outcome]) -> Ahead | None:
+        """Settle the batch just run and claim the next behind ``ahead``, before its reply
+        is read: the server works while the consumer reads and runs what ``ahead`` claimed
+        (two requests are in flight only here). None when the jobs turned slow or a stop
+        is due: the outcomes are then carried."""
+        size = self.hooks.batch_size()
+        if size < 2 or self.hooks.stop_requested():
+            return None
+        try:
+            return ahead.then(outcomes, size)
+        except UNAVAILABLE_ERRORS:
+            # the connection is dropped: reading ``ahead`` fails and keeps the outcomes
             self.claim_unknown = True
             return None
 

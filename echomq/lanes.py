@@ -39,15 +39,28 @@ class Outcome:
 class Ahead:
     """A settle-and-claim written to the server whose reply is not read yet."""
 
-    def __init__(self, in_flight: scripts.InFlight, outcomes: list[Outcome]) -> None:
+    def __init__(self, lanes: Lanes, in_flight: scripts.InFlight,
+                 outcomes: list[Outcome]) -> None:
+        self.lanes = lanes
         self.in_flight = in_flight
         self.outcomes = outcomes  # what its settle carries
+
+    def then(self, outcomes: Sequence[Outcome], count: int) -> Ahead:
+        """Settle these outcomes and claim up to ``count`` more behind this request, before
+        its reply is read (on its connection: the server runs the two in order)."""
+        calls = self.lanes._settle_and_claim_calls(outcomes, count)
+        return Ahead(self.lanes, self.in_flight.then(calls), list(outcomes))
 
     def read(self) -> tuple[list[Settled], list[Claimed]]:
         """The settle's codes (one per outcome) and the jobs claimed."""
         replies = self.in_flight.read()
         codes = [Settled(int(c)) for c in replies[0]] if self.outcomes else []
         return codes, parse_claimed(replies[-1])
+
+    def drop(self) -> None:
+        """Give up on the reply (a request before this one failed): whether it ran is
+        unknown, and the connection is dropped."""
+        self.in_flight.drop()
 
 
 def record_lane_limit(client: redis.Redis, keys: Keys, max_active: int) -> None:
@@ -148,7 +161,7 @@ class Lanes:
         """Settle these outcomes and claim up to ``count`` more, without waiting: the
         request is written now and its reply read by :meth:`Ahead.read` later, so the
         server works while the consumer runs the jobs in hand."""
-        return Ahead(scripts.send(self.client, self._settle_and_claim_calls(outcomes, count)),
+        return Ahead(self, scripts.send(self.client, self._settle_and_claim_calls(outcomes, count)),
                      list(outcomes))
 
     def release_unheld(self, held: set[str]) -> int:

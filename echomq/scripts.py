@@ -170,11 +170,26 @@ class InFlight:
         self.client = client
         self.conn = conn
         self.calls = calls
+        self.passed_on = False  # a request written behind this one owns the connection next
+
+    def then(self, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]) -> InFlight:
+        """Write more calls behind these, on the same connection, before their replies are
+        read: the server runs them in order. Read this one first; the connection goes
+        back to the pool with the reply of the last. A write that fails drops the
+        connection, and this one's read then fails too."""
+        try:
+            self.conn.send_packed_command(_pack(self.conn, calls))
+        except BaseException:
+            self.conn.disconnect()
+            raise
+        self.passed_on = True
+        return InFlight(self.client, self.conn, calls)
 
     def read(self) -> list[Any]:
-        """Read every reply (each call's result, in order), hand the connection back and
-        re-run alone each call that did not run, as :func:`execute` does. A network error
-        drops the connection: whether the calls ran is then unknown."""
+        """Read every reply (each call's result, in order), hand the connection back (unless
+        a request written behind owns it now) and re-run alone each call that did not
+        run, as :func:`execute` does. A network error drops the connection: whether the
+        calls ran, and any written behind them, is then unknown."""
         conn, pool = self.conn, self.client.connection_pool
         results: list[Any] = []
         try:
@@ -185,10 +200,23 @@ class InFlight:
                     results.append(exc)
         except BaseException:
             conn.disconnect()
+            pool.release(conn)
             raise
-        finally:
+        if not self.passed_on:
             pool.release(conn)
         return _settle(self.client, self.calls, results)
+
+
+    def drop(self) -> None:
+        """Give up on these replies (a request before them failed): drop the connection,
+        so none is read by mistake later; whether the calls ran is unknown."""
+        self.conn.disconnect()
+        self.client.connection_pool.release(self.conn)
+
+
+def _pack(conn: Any, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]) -> Any:
+    return conn.pack_commands([("EVALSHA", script.sha, script.num_keys, *keys, *args)
+                               for script, keys, args in calls])
 
 
 def send(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
@@ -199,9 +227,7 @@ def send(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Se
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
-        conn.send_packed_command(conn.pack_commands(
-            [("EVALSHA", script.sha, script.num_keys, *keys, *args)
-             for script, keys, args in calls]))
+        conn.send_packed_command(_pack(conn, calls))
     except BaseException:
         conn.disconnect()
         pool.release(conn)

@@ -1,14 +1,15 @@
-"""The synchronous drain's send-ahead (echomq/drain.py): the settle of a batch and the
-claim of the batch after next are written before the jobs in hand run, their reply
-read after.
+"""The synchronous drain's send-ahead (echomq/drain.py): a request is in flight while the
+jobs in hand run; once a batch has run, its settle and the next claim are written before
+the reply holding the next batch is read.
 
 Interleavings are forced with hooks (a consumer or worker subclass, a handler acting at a
 precise moment), a paused server (SIGSTOP) or a forked consumer killed at a known point;
 claims take a fixed number of jobs (the runner's sizing needs a warm-up), so that a batch
 is sent ahead where the tests expect it. Every queue here has one lane, so jobs are
 claimed in the order they were added: with batches of 2, ``run()`` claims [j0], sends
-ahead the claim of [j1, j2], runs j0, reads [j1, j2], sends ahead the settle of j0 with
-the claim of [j3, j4], runs j1 and j2, and so on.
+ahead the claim of [j1, j2], runs j0, writes the settle of j0 with the claim of [j3, j4],
+reads [j1, j2], runs j1 and j2, writes their settle with the claim of [j5, j6], reads
+[j3, j4], and so on.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from echomq import scripts
 from echomq.concurrent import max_held
 from echomq.connection import ServerRefused, client_from_url
 from echomq.job import Claimed
-from echomq.lanes import Lanes
+from echomq.lanes import Ahead, Lanes
 
 # --- helpers ---------------------------------------------------------------------------
 
@@ -500,6 +501,31 @@ def test_a_drain_runs_every_job_once_in_order_and_leaves_no_connection_checked_o
     assert len(client.connection_pool._available_connections) == 1  # type: ignore[attr-defined]
 
 
+def test_a_handler_using_the_consumers_client_reads_its_own_replies_with_requests_in_flight(
+        redis_url: str, queue_name: str) -> None:
+    # the connection a request was written on stays out of the pool until its last reply
+    # is read: a handler's own call on the consumer's client (progress, a lookup) while
+    # the settle-and-claim written behind runs must not take that connection and read
+    # the drain's reply as its own
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = _add(q, 9)
+    seen: dict[str, Any] = {}
+
+    def handler(job: echomq.Job) -> None:
+        job.progress({"at": job.id})
+        found = q.get(job.id)
+        seen[job.id] = found.payload if found is not None else None
+
+    consumer = Probe(q, handler, ahead=True)
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert seen == {j: {"n": int(j[1:])} for j in ids}
+    assert {j: _state(q, j) for j in ids} == {j: ("completed", 1, 0) for j in ids}
+    assert _in_use(consumer.queue.redis) == 0
+
+
 def test_a_stop_mid_batch_hands_back_the_rest_and_the_jobs_claimed_ahead_unstarted_in_order(
         redis_url: str, queue_name: str, r: redis.Redis) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
@@ -551,27 +577,30 @@ def test_a_stop_before_a_batch_sends_nothing_ahead(
 
 def test_a_lost_reply_to_the_request_sent_ahead_keeps_the_outcomes_and_costs_nothing(
         private_redis: LocalRedis, queue_name: str) -> None:
-    # the server is frozen before the request goes out; the read times out; the server
-    # then runs it (j0's settle, the claim of [j3, j4]) with nobody reading the reply.
-    # The next run settles what was kept (j0's settle again is refused as stale) and hands
-    # back, through the claims record, the jobs the unseen claim leased
+    # the server is frozen once j0's settle (sent with the claim of [j3, j4]) has run;
+    # [j3, j4] is read from what was in the socket, and the settle of [j1, j2] (with the
+    # claim of [j5]) goes out frozen; [j3, j4] runs, its settle is written behind, and the
+    # read of the frozen request times out. The server then runs both with nobody reading
+    # the replies. The next run settles what was kept (refused as stale: it ran) and hands
+    # back, through the claims record, the job the unseen claim leased
     client, admin, q, ids, runs, consumer = _private_probe(private_redis, queue_name, 6,
                                                            socket_timeout=0.5)
 
     def freeze(n: int) -> None:
         if n == 2:
+            _wait(lambda: _state(q, "j0")[0] == "completed", 10, "j0's settle")
             private_redis.pause()
 
     consumer.batch_hook = freeze
     try:
         with pytest.raises(redis.exceptions.TimeoutError):
             consumer._drainer.run()
-        assert [o.job_id for o in consumer._drainer.pending] == ["j0", "j1", "j2"]
+        assert [o.job_id for o in consumer._drainer.pending] == ["j1", "j2", "j3", "j4"]
         assert _in_use(client) == 0
         consumer.batch_hook = None
         private_redis.resume()
-        _wait(lambda: {"j3", "j4"} <= _leased(admin, q), 10,
-              "the frozen request to run once the server goes on")
+        _wait(lambda: _state(q, "j4")[0] == "completed" and "j5" in _leased(admin, q), 10,
+              "the frozen requests to run once the server goes on")
         consumer._drainer.run()
     finally:
         private_redis.resume()
@@ -590,14 +619,17 @@ def test_a_refusal_of_the_request_sent_ahead_keeps_the_outcomes_for_the_next_run
     client, admin, q, ids, runs, consumer = _private_probe(private_redis, queue_name, 6)
 
     def out_of_memory(n: int) -> None:
-        if n == 2:
+        if n == 2:  # j0's settle went out before [j1, j2] were read: let it land first
+            _wait(lambda: _state(q, "j0")[0] == "completed", 10, "j0's settle")
             admin.config_set("maxmemory", 1)  # noeviction: every write is refused
 
     consumer.batch_hook = out_of_memory
     try:
         with pytest.raises(ServerRefused):
             consumer._drainer.run()
-        assert [o.job_id for o in consumer._drainer.pending] == ["j0", "j1", "j2"]
+        # refused: the settle of [j1, j2] (read while [j3, j4] ran) and, written behind it
+        # and dropped unread, that of [j3, j4]
+        assert [o.job_id for o in consumer._drainer.pending] == ["j1", "j2", "j3", "j4"]
         assert _in_use(client) == 0
         admin.config_set("maxmemory", 0)
         consumer.batch_hook = None
@@ -685,6 +717,42 @@ def test_a_consumer_killed_with_a_reply_unread_gets_everything_handed_back_in_or
         "j3": ("waiting", 0, 0), "j4": ("waiting", 0, 0)}
     assert _leased(r, q) == set()
     assert _waiting_order(r, q) == ["j1", "j2", "j3", "j4", "j5"]
+
+
+def test_a_consumer_killed_with_two_requests_unread_loses_no_outcome_and_runs_nothing_twice(
+        redis_url: str, queue_name: str, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    # the one moment two requests are in flight: [j1, j2] ran, their settle (with the claim
+    # of [j5, j6]) is written behind the request that claimed [j3, j4], and the consumer is
+    # killed before reading either. Both run; the supervisor's hand-back finds j1 and j2
+    # settled (not run again) and hands back j3..j6, never held, unstarted and in order
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    scripts.load_all(r, q.keys.prefix)  # as the worker's boot does: no request is NOSCRIPT
+    _add(q, 8)
+    write_behind = Ahead.then
+
+    def then_and_die(self: Ahead, outcomes: Sequence[Any], count: int) -> Ahead:
+        written = write_behind(self, outcomes, count)
+        if [o.job_id for o in outcomes] == ["j1", "j2"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return written
+
+    monkeypatch.setattr(Ahead, "then", then_and_die)  # inherited by the forked consumer only
+    claimer = os.urandom(8).hex()
+    pid, holdings, sock = _fork_worker(redis_url, queue_name,
+                                       _arbiter_settings(redis_url, queue_name),
+                                       lambda job: None, claimer)
+    status = _wait_exit(pid)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    _wait(lambda: {"j5", "j6"} <= _leased(r, q), 10, "the request written behind to run")
+    assert {h.job_id for h in holdings.entries()} == {"j0", "j1", "j2"}
+    _hand_back_as_the_supervisor(redis_url, queue_name, pid, holdings, sock, claimer)
+    assert {j: _state(q, j) for j in ("j0", "j1", "j2", "j3", "j4", "j5", "j6")} == {
+        "j0": ("completed", 1, 0), "j1": ("completed", 1, 0), "j2": ("completed", 1, 0),
+        "j3": ("waiting", 0, 0), "j4": ("waiting", 0, 0),
+        "j5": ("waiting", 0, 0), "j6": ("waiting", 0, 0)}
+    assert _leased(r, q) == set()
+    assert _waiting_order(r, q) == ["j3", "j4", "j5", "j6", "j7"]
 
 
 def test_finished_outcomes_settle_early_under_a_long_job_with_a_time_limit(
