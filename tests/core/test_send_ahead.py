@@ -102,9 +102,14 @@ class Probe(echomq.Consumer):
         self.size = size
         self.batches: list[list[str]] = []
         self.batch_hook: Callable[[int], None] | None = None
+        self.settled: list[tuple[str, scripts.Settled]] = []  # (job id, code), in order
 
     def batch_size(self) -> int:
         return self.size
+
+    def after_settle(self, outcomes: Sequence[Any], codes: Sequence[scripts.Settled]) -> None:
+        super().after_settle(outcomes, codes)
+        self.settled += [(o.job_id, code) for o, code in zip(outcomes, codes, strict=True)]
 
     def on_batch(self, batch: Sequence[Claimed]) -> None:
         super().on_batch(batch)
@@ -485,6 +490,9 @@ def test_a_keyboard_interrupt_costs_the_jobs_beyond_the_batch_in_hand_nothing(
 def test_a_drain_runs_every_job_once_in_order_and_leaves_no_connection_checked_out(
         redis_url: str, queue_name: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
+    # loaded, as a worker's boot does: a call refused NOSCRIPT with a request written
+    # behind it is run again on a second connection
+    scripts.load_all(q.redis, q.keys.prefix)
     ids = _add(q, 9)
     runs: list[str] = []
     consumer = Probe(q, lambda job: runs.append(job.id), ahead=True)
@@ -494,6 +502,7 @@ def test_a_drain_runs_every_job_once_in_order_and_leaves_no_connection_checked_o
         consumer.close()
     assert runs == ids
     assert consumer.batches == [["j0"], ["j1", "j2"], ["j3", "j4"], ["j5", "j6"], ["j7", "j8"]]
+    assert consumer.settled == [(j, scripts.Settled.COMPLETED) for j in ids]  # each once
     assert {j: _state(q, j) for j in ids} == {j: ("completed", 1, 0) for j in ids}
     assert consumer._held == {} and consumer._drainer.pending == []
     client = consumer.queue.redis
