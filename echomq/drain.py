@@ -81,7 +81,7 @@ class Drain:
         """Drain until a claim is empty or a stop is requested. Network errors and server
         refusals propagate, with the unsettled outcomes kept for the next call."""
         if self.pending:
-            self.settle(self.pending)
+            self.settle(self.pending, resent=True)
         if self.claim_unknown:  # nothing is held now: every outcome is settled
             self.lanes.release_unheld(set())
             self.claim_unknown = False
@@ -94,6 +94,9 @@ class Drain:
         ahead: Ahead | None = None  # written, reply unread: claims the batch after this one
         while batch:
             self.hooks.on_batch(batch)
+            if ahead is not None and any(c.alone for c in batch):
+                batch, carried = self._join_ahead(ahead, batch)
+                ahead = None
             if ahead is None:
                 ahead = self._send_ahead(batch, carried)
                 if ahead is not None:
@@ -178,6 +181,23 @@ class Drain:
             self.claim_unknown = True
             return None
 
+    def _join_ahead(self, ahead: Ahead, batch: list[Claimed]
+                    ) -> tuple[list[Claimed], list[Outcome]]:
+        """Before a batch holding a crash suspect runs, read the request in flight: its
+        settle (of the batch before) must have landed, reloading a flushed script, before
+        the suspect can end the process. The jobs it claimed join the batch, after it.
+        Returns the batch and the outcomes still to settle before it runs (those of the
+        request, when the server could not be read: whether they landed is unknown)."""
+        try:
+            codes, extra = ahead.read()
+        except UNAVAILABLE_ERRORS:
+            self.claim_unknown = True  # what it claimed comes back through the claims record
+            return batch, list(ahead.outcomes)
+        self._settled(ahead.outcomes, codes)
+        if extra:
+            self.hooks.on_batch(extra)
+        return [*batch, *extra], []
+
     def _settle_carried(self, carried: list[Outcome]) -> list[Outcome]:
         """Settle outcomes carried over from the batch before, before a batch that was not
         sent ahead runs (a crash of its jobs must not run them again); returns what is
@@ -250,20 +270,28 @@ class Drain:
                 del finished[:len(done)]
                 self._settled(done, codes)
 
-    def settle(self, outcomes: Sequence[Outcome]) -> None:
+    def settle(self, outcomes: Sequence[Outcome], resent: bool = False) -> None:
         """Settle without claiming more (keeps them pending if the server is unreachable or
-        refuses writes)."""
+        refuses writes). ``resent``: they went out before and the reply was lost."""
         try:
             codes = self.lanes.settle(outcomes)
         except UNAVAILABLE_ERRORS:
             self.pending = list(outcomes)
             raise
         self.pending = []
-        self._settled(outcomes, codes)
+        self._settled(outcomes, codes, resent)
 
-    def _settled(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
+    def _settled(self, outcomes: Sequence[Outcome], codes: Sequence[Settled],
+                 resent: bool = False) -> None:
         for o, code in zip(outcomes, codes, strict=True):
-            if code is Settled.STALE:
+            if code is not Settled.STALE:
+                continue
+            if resent:  # a settled job's token matches nothing: the two cannot be told apart
+                log.warning("queue %s: job %s: its outcome, sent again after a lost reply, was "
+                            "refused: either the first sending recorded it, or its lease "
+                            "expired and it was handed out again", self.lanes.keys.queue,
+                            o.job_id)
+            else:
                 log.warning("queue %s: job %s settled with a stale lease token (its lease "
                             "expired and it was handed out again); result not recorded",
                             self.lanes.keys.queue, o.job_id)

@@ -178,7 +178,8 @@ class InFlight:
         back to the pool with the reply of the last. A write that fails drops the
         connection, and this one's read then fails too."""
         try:
-            self.conn.send_packed_command(_pack(self.conn, calls))
+            # no health check: its PING would read the reply still unread as its own
+            self.conn.send_packed_command(_pack(self.conn, calls), check_health=False)
         except BaseException:
             self.conn.disconnect()
             raise
@@ -200,7 +201,8 @@ class InFlight:
                     results.append(exc)
         except BaseException:
             conn.disconnect()
-            pool.release(conn)
+            if not self.passed_on:  # else the request behind hands it back (read or drop)
+                pool.release(conn)
             raise
         if not self.passed_on:
             pool.release(conn)
@@ -209,7 +211,8 @@ class InFlight:
 
     def drop(self) -> None:
         """Give up on these replies (a request before them failed): drop the connection,
-        so none is read by mistake later; whether the calls ran is unknown."""
+        so none is read by mistake later, and hand it back; whether the calls ran is
+        unknown."""
         self.conn.disconnect()
         self.client.connection_pool.release(self.conn)
 

@@ -585,7 +585,7 @@ def test_a_stop_before_a_batch_sends_nothing_ahead(
 
 
 def test_a_lost_reply_to_the_request_sent_ahead_keeps_the_outcomes_and_costs_nothing(
-        private_redis: LocalRedis, queue_name: str) -> None:
+        private_redis: LocalRedis, queue_name: str, caplog: pytest.LogCaptureFixture) -> None:
     # the server is frozen once j0's settle (sent with the claim of [j3, j4]) has run;
     # [j3, j4] is read from what was in the socket, and the settle of [j1, j2] (with the
     # claim of [j5]) goes out frozen; [j3, j4] runs, its settle is written behind, and the
@@ -601,16 +601,33 @@ def test_a_lost_reply_to_the_request_sent_ahead_keeps_the_outcomes_and_costs_not
             private_redis.pause()
 
     consumer.batch_hook = freeze
+    pool = client.connection_pool
+    taken: list[Any] = []
+    returned: list[Any] = []
+    get_connection, release = pool.get_connection, pool.release
+
+    def counted_get(*args: Any, **kwargs: Any) -> Any:
+        taken.append(get_connection(*args, **kwargs))
+        return taken[-1]
+
+    def counted_release(conn: Any) -> None:
+        returned.append(conn)
+        release(conn)
+
+    pool.get_connection, pool.release = counted_get, counted_release  # type: ignore[method-assign]
     try:
         with pytest.raises(redis.exceptions.TimeoutError):
             consumer._drainer.run()
         assert [o.job_id for o in consumer._drainer.pending] == ["j1", "j2", "j3", "j4"]
         assert _in_use(client) == 0
+        # each connection went back once: a second return would hand it out while in use
+        assert len(returned) == len(taken)
         consumer.batch_hook = None
         private_redis.resume()
         _wait(lambda: _state(q, "j4")[0] == "completed" and "j5" in _leased(admin, q), 10,
               "the frozen requests to run once the server goes on")
-        consumer._drainer.run()
+        with caplog.at_level("WARNING", logger="echomq.drain"):
+            consumer._drainer.run()
     finally:
         private_redis.resume()
         consumer.close()
@@ -618,6 +635,10 @@ def test_a_lost_reply_to_the_request_sent_ahead_keeps_the_outcomes_and_costs_not
     assert {j: _state(q, j) for j in ids} == {j: ("completed", 1, 0) for j in ids}
     assert consumer._drainer.pending == [] and consumer._held == {}
     assert _in_use(client) == 0
+    # the outcomes sent again are refused (they were recorded): no log says they were not
+    said = [rec.getMessage() for rec in caplog.records]
+    assert not [m for m in said if "not recorded" in m], said
+    assert sum("sent again after a lost reply" in m for m in said) == 4, said
 
 
 def test_a_refusal_of_the_request_sent_ahead_keeps_the_outcomes_for_the_next_run(
@@ -762,6 +783,63 @@ def test_a_consumer_killed_with_two_requests_unread_loses_no_outcome_and_runs_no
         "j5": ("waiting", 0, 0), "j6": ("waiting", 0, 0)}
     assert _leased(r, q) == set()
     assert _waiting_order(r, q) == ["j3", "j4", "j5", "j6", "j7"]
+
+
+def test_a_crash_suspect_read_behind_a_flushed_settle_costs_the_batch_before_it_nothing(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    # [j1, j2] ran and their settle went out written behind the request claiming [j3, j4];
+    # the scripts are flushed meanwhile, so that settle is refused NOSCRIPT and runs only
+    # when its reply is read. j3, read from the request before it, is a suspect and kills
+    # its process again: it must not start before the settle of j1 and j2 has landed
+    url = private_redis.url
+    admin = redis.Redis.from_url(url)
+    q = echomq.Queue(queue_name, redis_url=url)
+    scripts.load_all(admin, q.keys.prefix)
+    _add(q, 6)
+    _mark_alone(admin, q, "j3")
+
+    def handler(job: echomq.Job) -> None:
+        if job.id == "j2":  # the claim of [j3, j4] has run; every script is lost now
+            _wait(lambda: {"j3", "j4"} <= _leased(admin, q), 10, "the claim of [j3, j4]")
+            admin.script_flush()
+        if job.id == "j3":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    claimer = os.urandom(8).hex()
+    pid, holdings, sock = _fork_worker(url, queue_name, _arbiter_settings(url, queue_name),
+                                       handler, claimer)
+    status = _wait_exit(pid)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    _hand_back_as_the_supervisor(url, queue_name, pid, holdings, sock, claimer)
+    assert {j: _state(q, j)[0] for j in ("j0", "j1", "j2")} == {
+        "j0": "completed", "j1": "completed", "j2": "completed"}, (
+        "jobs that finished before the suspect started go back to run again")
+
+
+def test_a_health_checked_connection_reads_its_replies_in_order_with_a_request_behind(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    # redis-py checks a connection idle past its health_check_interval with a PING before
+    # the next command; on a connection with a reply unread, that PING would read the reply
+    # as its own: the request written behind must go out unchecked
+    client = client_from_url(private_redis.url + "?health_check_interval=1")
+    q = echomq.Queue(queue_name, redis=client)
+    scripts.load_all(client, q.keys.prefix)
+    ids = _add(q, 6)
+    runs: Counter[str] = Counter()
+
+    def handler(job: echomq.Job) -> None:
+        runs[job.id] += 1
+        if job.id == "j1":  # [j1, j2] outlasts the interval
+            time.sleep(1.2)
+
+    consumer = Probe(q, handler, ahead=True)
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert runs == {j: 1 for j in ids}
+    assert consumer.settled == [(j, scripts.Settled.COMPLETED) for j in ids]
+    assert _in_use(client) == 0
 
 
 def test_finished_outcomes_settle_early_under_a_long_job_with_a_time_limit(
