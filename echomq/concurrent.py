@@ -306,7 +306,7 @@ class ConcurrentDrain:
         release_reply = replies[-1] if handback else None
         # settled first: their holdings entries free up before the new batch takes them
         if outcomes and not isinstance(settle_reply, Exception):
-            self._settled(outcomes, [Settled(int(c)) for c in settle_reply])
+            self._settled(outcomes, scripts.settled_codes(settle_reply))
             if not self.stopping:
                 self._fill()  # a job waiting to run alone may start now
         elif outcomes:

@@ -19,8 +19,10 @@ def _text(value: bytes | str | None) -> str | None:
 
 
 def _int(value: str | None, default: int = 0) -> int:
+    if not value:
+        return default
     try:
-        return int(value) if value not in (None, "") else default
+        return int(value)
     except ValueError:
         return default
 

@@ -54,7 +54,7 @@ class Ahead:
     def read(self) -> tuple[list[Settled], list[Claimed]]:
         """The settle's codes (one per outcome) and the jobs claimed."""
         replies = self.in_flight.read()
-        codes = [Settled(int(c)) for c in replies[0]] if self.outcomes else []
+        codes = scripts.settled_codes(replies[0]) if self.outcomes else []
         return codes, parse_claimed(replies[-1])
 
     def drop(self) -> None:
@@ -122,7 +122,7 @@ class Lanes:
         if not outcomes:
             return []
         codes = scripts.SETTLE(self.client, self._settle_keys, self._settle_args(outcomes))
-        return [Settled(int(c)) for c in codes]
+        return scripts.settled_codes(codes)
 
     def settle_call(self, outcomes: Sequence[Outcome]
                     ) -> tuple[scripts.LuaScript, list[str], list[Any]]:
@@ -140,7 +140,7 @@ class Lanes:
         if not outcomes:
             return [], self.claim(count)
         codes, flat = scripts.execute(self.client, self._settle_and_claim_calls(outcomes, count))
-        return [Settled(int(c)) for c in codes], parse_claimed(flat)
+        return scripts.settled_codes(codes), parse_claimed(flat)
 
     def _settle_and_claim_calls(self, outcomes: Sequence[Outcome], count: int
                                 ) -> list[tuple[scripts.LuaScript, list[str], list[Any]]]:

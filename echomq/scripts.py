@@ -23,6 +23,11 @@ from typing import Any
 import redis
 import redis.exceptions
 
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # redis-py packs in Python then
+    _hiredis_pack = None
+
 from echomq.connection import is_cluster, learn_redirect, node_client, on_node
 from echomq.keys import Keys
 
@@ -36,6 +41,14 @@ class Settled(IntEnum):
     COMPLETED = 1
     RETRYING = 2
     DEAD = 3
+
+
+SETTLED = tuple(Settled)  # by code: a tuple lookup per job, not an enum call
+
+
+def settled_codes(reply: Sequence[Any]) -> list[Settled]:
+    """settle.lua's reply as codes, one per job."""
+    return [SETTLED[int(c)] for c in reply]
 
 
 class Cancelled(IntEnum):
@@ -218,8 +231,14 @@ class InFlight:
 
 
 def _pack(conn: Any, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]) -> Any:
-    return conn.pack_commands([("EVALSHA", script.sha, script.num_keys, *keys, *args)
-                               for script, keys, args in calls])
+    commands = [("EVALSHA", script.sha, script.num_keys, *keys, *args)
+                for script, keys, args in calls]
+    if _hiredis_pack is not None and \
+            type(getattr(conn, "_command_packer", None)).__name__ == "HiredisRespSerializer":
+        # what redis-py's hiredis packer does, without its per-argument type check (the
+        # arguments here are str, bytes and int: never a bytearray or memoryview)
+        return [b"".join(map(_hiredis_pack, commands))]
+    return conn.pack_commands(commands)
 
 
 def send(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
