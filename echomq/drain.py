@@ -172,7 +172,7 @@ class Drain:
         (two requests are in flight only here). None when the jobs turned slow or a stop
         is due: the outcomes are then carried."""
         size = self.hooks.batch_size()
-        if size < 2 or self.hooks.stop_requested():
+        if not self.send_ahead or size < 2 or self.hooks.stop_requested():
             return None
         try:
             return ahead.then(outcomes, size)
