@@ -117,7 +117,10 @@ class Drain:
                 after = self._send_after(ahead, outcomes)
                 try:
                     batch = self._read_ahead(ahead, outcomes)
-                except BaseException:  # what went behind it is unknown too: kept, unread
+                except BaseException:
+                    # whether what went behind it ran is unknown too: its connection is
+                    # dropped unread (on a network error or a refusal its outcomes are
+                    # pending with the rest, see _read_ahead)
                     if after is not None:
                         self.claim_unknown = True
                         after.drop()
