@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -150,20 +151,39 @@ class ConcurrentDrain:
             return not self._thread.is_alive()
         return True
 
-    def serve(self, fd: int | None = None, on_readable: Callable[[], None] | None = None
-              ) -> None:
-        """Run the loop in this thread until stopped and every job is settled."""
+    def serve(self, fd: int | None = None, on_readable: Callable[[], None] | None = None,
+              on_term: Callable[[], None] | None = None) -> None:
+        """Run the loop in this thread until stopped and every job is settled. ``on_term``
+        (main thread only) is called on the loop at a SIGTERM while it runs; before and
+        after, SIGTERM goes to the handler it had."""
         asyncio.set_event_loop(self.loop)
         if fd is not None and on_readable is not None:
             self.loop.add_reader(fd, on_readable)
+        previous = signal.getsignal(signal.SIGTERM)
+        if on_term is not None:
+            self.loop.add_signal_handler(signal.SIGTERM, on_term)
         try:
             self.loop.run_until_complete(self._main())
         finally:
             if fd is not None:
                 self.loop.remove_reader(fd)
+            if on_term is not None:
+                self._hand_back_sigterm(previous)
             self.threads.shutdown(wait=False)
             self.loop.close()
             self._tell_quiet()
+
+    def _hand_back_sigterm(self, previous: Any) -> None:
+        """Give SIGTERM back to its handler before the loop closes: asyncio's close shuts
+        the loop's self-pipe before it stops the signal wakeup fd writing to it, so a
+        SIGTERM in between would be written to a closed descriptor. Held back meanwhile,
+        so one arriving goes to ``previous``, not to the default (which ends the process)."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self.loop.remove_signal_handler(signal.SIGTERM)  # the wakeup fd goes with the last
+            signal.signal(signal.SIGTERM, previous)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
     def _call(self, fn: Callable[[], None]) -> None:
         try:

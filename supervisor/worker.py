@@ -144,8 +144,7 @@ class Worker:
             self.stopping = True
             pool.stop()
 
-        pool.loop.add_signal_handler(signal.SIGTERM, on_term)
-        pool.serve(self.sock.fileno(), self._on_pipe)
+        pool.serve(self.sock.fileno(), self._on_pipe, on_term)
         if self._recycle_due() and not self.stopping:
             return protocol.EXIT_RECYCLE
         return protocol.EXIT_OK

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 
 import echomq
@@ -259,3 +262,34 @@ def test_a_poke_while_a_claim_that_comes_back_short_is_on_its_way_is_not_lost(
         gate.set()
         consumer.stop()
         thread.join(10)
+
+
+def test_a_sigterm_while_the_loop_closes_reaches_the_handler_before_it_and_no_closed_fd(
+        redis_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    # asyncio's loop.close() shuts its self-pipe before it stops the signal wakeup fd from
+    # writing to it: a SIGTERM in between (a supervisor draining its children) was written
+    # to a closed descriptor ("Exception ignored ... Bad file descriptor" on stderr). The
+    # drain hands SIGTERM back to the handler it replaced before the loop closes
+    monkeypatch.setenv("ECHOMQ_EVENT_LOOP", "asyncio")  # the loop whose close is hooked
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    consumer = echomq.Consumer(q, lambda job: None, concurrency=2)  # the drain's hooks
+    pool = ConcurrentDrain(consumer.lanes, consumer.runner, consumer, 2)
+    before: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: before.append(signum))
+    close_self_pipe = pool.loop._close_self_pipe  # type: ignore[attr-defined]
+
+    def close_then_signal() -> None:  # the moment of the race, held open by a hook
+        close_self_pipe()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    pool.loop._close_self_pipe = close_then_signal  # type: ignore[attr-defined]
+    during: list[int] = []
+    try:
+        pool.loop.call_soon(pool.stop)
+        pool.serve(on_term=lambda: during.append(signal.SIGTERM))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        consumer.close()
+    assert before == [signal.SIGTERM] and during == []
+    assert "Bad file descriptor" not in capfd.readouterr().err
