@@ -42,7 +42,10 @@ def test_cancel_that_overtakes_its_pop_ends_it_once_the_server_runs_it(
     bell.arm()
     started = time.monotonic()
     bell.cancel()
-    assert time.monotonic() - started < 10.0, "cancel waited for the pop's whole block"
+    # the pause ends after 0.5 s and the repeated UNBLOCK ends the pop then; a cancel
+    # that gave up on it waited for the pop's block or, at best, the connection's 5 s
+    # grace before it was dropped
+    assert time.monotonic() - started < 3.0, "cancel waited for the pop's block or the grace"
     assert int(r.info("clients")["blocked_clients"]) == 0
     r.lpush(keys.wake, "1")  # a ring now is not taken by the cancelled pop
     assert r.llen(keys.wake) == 1
