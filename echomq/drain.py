@@ -131,7 +131,6 @@ class Drain:
                 if ahead is not None:  # claimed after this batch ran: read it, end if empty
                     batch, ahead = self._read_ahead(ahead, []), None
                     continue
-                outcomes = carried
             try:
                 codes, batch = self.lanes.settle_and_claim(outcomes, self.hooks.batch_size())
             except UNAVAILABLE_ERRORS:
@@ -178,7 +177,7 @@ class Drain:
         if not self.send_ahead or size < 2 or self.hooks.stop_requested():
             return None
         try:
-            return ahead.then(outcomes, size)
+            return self.lanes.send_behind(ahead, outcomes, size)
         except UNAVAILABLE_ERRORS:
             # the connection is dropped: reading ``ahead`` fails and keeps the outcomes
             self.claim_unknown = True

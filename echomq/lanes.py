@@ -39,17 +39,9 @@ class Outcome:
 class Ahead:
     """A settle-and-claim written to the server whose reply is not read yet."""
 
-    def __init__(self, lanes: Lanes, in_flight: scripts.InFlight,
-                 outcomes: list[Outcome]) -> None:
-        self.lanes = lanes
+    def __init__(self, in_flight: scripts.InFlight, outcomes: list[Outcome]) -> None:
         self.in_flight = in_flight
         self.outcomes = outcomes  # what its settle carries
-
-    def then(self, outcomes: Sequence[Outcome], count: int) -> Ahead:
-        """Settle these outcomes and claim up to ``count`` more behind this request, before
-        its reply is read (on its connection: the server runs the two in order)."""
-        calls = self.lanes._settle_and_claim_calls(outcomes, count)
-        return Ahead(self.lanes, self.in_flight.then(calls), list(outcomes))
 
     def read(self) -> tuple[list[Settled], list[Claimed]]:
         """The settle's codes (one per outcome) and the jobs claimed."""
@@ -161,8 +153,14 @@ class Lanes:
         """Settle these outcomes and claim up to ``count`` more, without waiting: the
         request is written now and its reply read by :meth:`Ahead.read` later, so the
         server works while the consumer runs the jobs in hand."""
-        return Ahead(self, scripts.send(self.client, self._settle_and_claim_calls(outcomes, count)),
+        return Ahead(scripts.send(self.client, self._settle_and_claim_calls(outcomes, count)),
                      list(outcomes))
+
+    def send_behind(self, ahead: Ahead, outcomes: Sequence[Outcome], count: int) -> Ahead:
+        """As :meth:`send_ahead`, written behind ``ahead`` before its reply is read (on its
+        connection: the server runs the two in order)."""
+        calls = self._settle_and_claim_calls(outcomes, count)
+        return Ahead(ahead.in_flight.then(calls), list(outcomes))
 
     def release_unheld(self, held: set[str]) -> int:
         """Hand back, uncharged, the jobs this consumer's claims leased that it does not

@@ -25,6 +25,7 @@ import redis.exceptions
 
 try:
     from hiredis import pack_command as _hiredis_pack
+    from redis.connection import HiredisRespSerializer
 except ImportError:  # redis-py packs in Python then
     _hiredis_pack = None
 
@@ -214,13 +215,11 @@ class InFlight:
                     results.append(exc)
         except BaseException:
             conn.disconnect()
+            raise
+        finally:
             if not self.passed_on:  # else the request behind hands it back (read or drop)
                 pool.release(conn)
-            raise
-        if not self.passed_on:
-            pool.release(conn)
         return _settle(self.client, self.calls, results)
-
 
     def drop(self) -> None:
         """Give up on these replies (a request before them failed): drop the connection,
@@ -234,7 +233,7 @@ def _pack(conn: Any, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Ar
     commands = [("EVALSHA", script.sha, script.num_keys, *keys, *args)
                 for script, keys, args in calls]
     if _hiredis_pack is not None and \
-            type(getattr(conn, "_command_packer", None)).__name__ == "HiredisRespSerializer":
+            isinstance(getattr(conn, "_command_packer", None), HiredisRespSerializer):
         # what redis-py's hiredis packer does, without its per-argument type check (the
         # arguments here are str, bytes and int: never a bytearray or memoryview)
         return [b"".join(map(_hiredis_pack, commands))]

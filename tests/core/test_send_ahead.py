@@ -759,15 +759,16 @@ def test_a_consumer_killed_with_two_requests_unread_loses_no_outcome_and_runs_no
     q = echomq.Queue(queue_name, redis_url=redis_url)
     scripts.load_all(r, q.keys.prefix)  # as the worker's boot does: no request is NOSCRIPT
     _add(q, 8)
-    write_behind = Ahead.then
+    write_behind = Lanes.send_behind
 
-    def then_and_die(self: Ahead, outcomes: Sequence[Any], count: int) -> Ahead:
-        written = write_behind(self, outcomes, count)
+    def write_and_die(self: Lanes, ahead: Ahead, outcomes: Sequence[Any], count: int) -> Ahead:
+        written = write_behind(self, ahead, outcomes, count)
         if [o.job_id for o in outcomes] == ["j1", "j2"]:
             os.kill(os.getpid(), signal.SIGKILL)
         return written
 
-    monkeypatch.setattr(Ahead, "then", then_and_die)  # inherited by the forked consumer only
+    # inherited by the forked consumer only
+    monkeypatch.setattr(Lanes, "send_behind", write_and_die)
     claimer = os.urandom(8).hex()
     pid, holdings, sock = _fork_worker(redis_url, queue_name,
                                        _arbiter_settings(redis_url, queue_name),
