@@ -62,12 +62,20 @@ local function ring_key(p)
   if p == '0' then return KEYS[2] end
   return prefix .. 'ring' .. p
 end
--- a counted job of this lane ended: put the lane back on the rings it was taken off
+-- a counted job of this lane ended: uncount it, and put the lane back on the rings a
+-- claim took it off at its max_active (the count flagged + 10^9). A lane left with nothing
+-- counted leaves the hash (the next claim counts from none), so the hash holds the lanes
+-- with jobs running, not every lane that ever ran one
 local function put_back(lane)
-  -- a count at 0 stays (the next claim needs it); past 10^9 a claim flagged the lane
-  -- as blocked at its max_active
-  if redis.call('HINCRBY', KEYS[9], lane, -1) < 1000000000 then return end
-  redis.call('HINCRBY', KEYS[9], lane, -1000000000)
+  local c = redis.call('HINCRBY', KEYS[9], lane, -1)
+  local blocked = c >= 1000000000
+  if blocked then c = c - 1000000000 end
+  if c <= 0 then
+    redis.call('HDEL', KEYS[9], lane)
+  elseif blocked then
+    redis.call('HSET', KEYS[9], lane, c)
+  end
+  if not blocked then return end
   if redis.call('ZSCORE', KEYS[11], lane) then return end
   local levels = redis.call('ZRANGE', KEYS[8], 0, -1)
   levels[#levels + 1] = '0'

@@ -83,7 +83,7 @@ def test_release_puts_the_lane_back(redis_url: str, queue_name: str, r: redis.Re
     q = echomq.Queue(queue_name, redis_url=redis_url, max_stalls=5)
     lanes, held = _blocked_queue(q, r)
     assert lanes.release([(c.id, c.token) for c in held], mode) == (2, 0)
-    assert _ring(r, q.keys.ring) == ["a"] and r.hget(q.keys.active, "a") == b"0"
+    assert _ring(r, q.keys.ring) == ["a"] and r.hget(q.keys.active, "a") is None
     assert [c.id for c in lanes.claim(10)] == [c.id for c in held]  # in their order
 
 
@@ -93,6 +93,34 @@ def test_a_buried_job_puts_its_lane_back(redis_url: str, queue_name: str,
     lanes, held = _blocked_queue(q, r)
     assert lanes.release([(held[0].id, held[0].token)], "stall") == (0, 1)
     assert _ring(r, q.keys.ring) == ["a"] and r.hget(q.keys.active, "a") == b"1"
+
+
+@pytest.mark.parametrize("end", ["c", "f", "d", "reap", "stall", "requeue", "unstarted"])
+def test_a_lane_with_nothing_counted_leaves_the_active_hash(redis_url: str, queue_name: str,
+                                                            r: redis.Redis, end: str) -> None:
+    """Lanes come and go (a lane per user, per tenant): once a lane's counted jobs have all
+    ended, however they ended, it keeps no count, so the active hash holds only lanes that
+    have jobs running instead of every lane that ever ran one."""
+    q = echomq.Queue(queue_name, redis_url=redis_url, max_stalls=5)
+    record_lane_limit(r, q.keys, 1)
+    q.add_many([("x", i, {"lane": f"user-{i % 3}"}) for i in range(4)])  # user-0 gets two
+    lanes = _lanes(q)
+    held = lanes.claim(10)
+    assert sorted(c.lane for c in held) == ["user-0", "user-1", "user-2"]
+    assert r.hget(q.keys.active, "user-0") == str(10**9 + 1).encode()  # at its limit
+    assert r.hlen(q.keys.active) == 3
+    if end in ("c", "f", "d"):
+        lanes.settle([Outcome(c.id, c.token, end, "x", 60_000) for c in held])
+    elif end == "reap":
+        r.zadd(q.keys.leases, {c.id: 0 for c in held})  # the leases ran out
+        assert scripts.reap(r, q.keys)[0] == 3
+    else:
+        assert lanes.release([(c.id, c.token) for c in held], end)[0] == 3
+    assert not r.exists(q.keys.active)  # neither a 0 nor a blocked flag left behind
+    while batch := lanes.claim(10):  # the lanes still count what runs, from none
+        assert int(r.hget(q.keys.active, batch[0].lane)) % 10**9 == 1
+        lanes.settle([Outcome(c.id, c.token, "c") for c in batch])
+    assert not r.exists(q.keys.active)
 
 
 def test_max_active_1_is_strict_order_and_a_retry_frees_the_lane(
@@ -356,7 +384,7 @@ def test_a_lane_blocked_at_two_priorities_goes_back_on_both_rings(
     assert r.smembers(q.keys.blocked) == {b"5|a", b"0|a"}
     assert lanes.settle([Outcome(first[0].id, first[0].token, "c")]) == [Settled.COMPLETED]
     assert _ring(r, q.keys.ring_of(5)) == ["a"] and _ring(r, q.keys.ring) == ["a"]
-    assert r.smembers(q.keys.blocked) == set() and r.hget(q.keys.active, "a") == b"0"
+    assert r.smembers(q.keys.blocked) == set() and r.hget(q.keys.active, "a") is None
     [again] = lanes.claim(10)
     assert again.payload_text == "1"  # the priority-5 job first
 
