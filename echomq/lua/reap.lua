@@ -47,10 +47,15 @@ local mode = ARGV[3]
 local fold = (tonumber(redis.call('HGET', KEYS[6], 'fold') or '') or 0) >= now
 local ids = {}
 if #ARGV >= 4 then
-  -- last pair first: each LPUSH goes in front of the one before
+  -- last pair first: each LPUSH goes in front of the one before. A pair given twice
+  -- counts once: every token is checked before any job is handed back
+  local seen = {}
   for i = #ARGV - 1, 4, -2 do
     local tok = redis.call('HGET', prefix .. 'job:' .. ARGV[i], 'token')
-    if tok and tok ~= '' and tok == ARGV[i + 1] then ids[#ids + 1] = ARGV[i] end
+    if tok and tok ~= '' and tok == ARGV[i + 1] and not seen[ARGV[i]] then
+      seen[ARGV[i]] = true
+      ids[#ids + 1] = ARGV[i]
+    end
   end
 else
   ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))

@@ -257,6 +257,20 @@ def test_released_jobs_go_back_to_the_lane_head_in_their_order(
     assert [c.payload_text for c in lanes.claim(6)] == ["0", "1", "2", "3", "4", "5"]
 
 
+def test_a_pair_released_twice_in_one_call_goes_back_once(redis_url: str,
+                                                          queue_name: str) -> None:
+    # every token is checked before any job is handed back: a repeated pair must not put
+    # its id on the lane twice (two claims of one job: it would run twice)
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add_many([("x", i) for i in range(2)])
+    lanes = _lanes(q)
+    a, b = lanes.claim(2)
+    pairs = [(a.id, a.token), (b.id, b.token), (a.id, a.token)]
+    assert lanes.release(pairs, "unstarted") == (2, 0)
+    assert sorted(c.id for c in lanes.claim(10)) == sorted([a.id, b.id])
+    assert q.counts()["waiting"] == 0
+
+
 def test_restore_leaves_a_job_in_valkey_alone(redis_url: str, queue_name: str,
                                               r: redis.Redis) -> None:
     # a second replica re-applying the floor rows of an interrupted rehydration must not
