@@ -108,6 +108,8 @@ class Scheduler:
         self.next_cron = math.inf  # monotonic time of the next cron occurrence
         self.cron_probe_at = 0.0
         self.cron_present = False
+        self.limits_version: str | None = None  # the lane limits' version on the floor
+        self.limits_restored = 0
 
     # --- the arbiter's interface ---------------------------------------------------
 
@@ -176,7 +178,7 @@ class Scheduler:
             self.fence = None
             return
         (fence, fold_len, closed_len, epoch, spill_candidates, server_now, lapsed, led,
-         cron_version) = scripts.LEAD(
+         cron_version, limits_version) = scripts.LEAD(
             self.client,
             [self.keys.leader, self.keys.fold, self.keys.closed, self.keys.epoch,
              self.keys.schedule, self.keys.meta],
@@ -191,11 +193,13 @@ class Scheduler:
             event(log, "scheduler-lead", "queue %s: this replica now runs the scheduler",
                   self.queue, queue=self.queue)
             self.crontab.forget()
+            self.limits_version = None
         self.fence = fence
         epoch = _text(epoch)
         if self.has_floor and floor_work and (
                 not epoch or epoch.startswith(REHYDRATING) and epoch != self.rehydration):
-            self.crontab.restore()  # Valkey lost its data: the crons come back first
+            self.crontab.restore()  # Valkey lost its data: the crons come back first,
+            self._restore_limits()  # and the lane limits, before any job does
         self._crons(now, int(server_now), _text(led), _text(cron_version))
         if not self.has_floor:
             return
@@ -213,6 +217,8 @@ class Scheduler:
         if rehydrating and not self._rehydrate(int(server_now), epoch):
             return
         self.crontab.sync_floor(fence)
+        if _text(limits_version) != self.limits_version:
+            self._copy_limits(fence, epoch)
         if int(fold_len):
             self._fold()
         if int(closed_len) and not self._over_budget():
@@ -242,6 +248,29 @@ class Scheduler:
         due = self.crontab.next_due_ms
         if due is not None:
             self.next_cron = now + max(0, due - server_now + 1) / 1000
+
+    def _restore_limits(self) -> None:
+        """Put back the floor's lane limits Valkey lacks (after a data loss)."""
+        args = [x for pair in self.floor.lane_limit_rows(self.queue).items() for x in pair]
+        if not args:
+            return
+        restored = int(scripts.LIMITS_RESTORE(self.client, [self.keys.limits, self.keys.meta],
+                                              args))
+        self.limits_restored += restored
+        if restored:
+            event(log, "limits-restored", "queue %s: restored %d lane limit(s) from the floor",
+                  self.queue, restored, queue=self.queue, count=restored)
+
+    def _copy_limits(self, fence: int, epoch: str) -> None:
+        """Copy Valkey's lane limits to the floor (they changed, or this replica just took
+        the lead); nothing while Valkey holds another epoch's data, or none."""
+        read = scripts.LIMITS_READ(self.client, [self.keys.epoch, self.keys.limits,
+                                                 self.keys.meta], [epoch])
+        if not read:  # Valkey lost its data since the lead call: the restore comes first
+            return
+        version, flat = _text(read[0]), [_text(x) for x in read[1]]
+        self.floor.put_lane_limits(self.queue, dict(zip(flat[::2], flat[1::2], strict=True)), fence)
+        self.limits_version = version
 
     def _drop_backlog(self) -> None:
         """The logs outgrew their bound (a long floor outage): drop them and catch up by

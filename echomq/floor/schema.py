@@ -48,3 +48,15 @@ crons = Table(
     Column("last_ms", BigInteger, nullable=False),
     Column("updated_ms", BigInteger),
 )
+
+# Lane limits (added in revision 0003): the value set_lane_limit stored in Valkey
+# ("max_active rate per_ms"), per lane ("*": the queue default), so a Valkey that lost
+# them gets them back.
+lane_limits = Table(
+    "emq_floor_lane_limits",
+    metadata,
+    Column("queue", String(128), primary_key=True),
+    Column("lane", String(128), primary_key=True),
+    Column("value", String(128), nullable=False),
+    Column("updated_ms", BigInteger),
+)

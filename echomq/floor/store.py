@@ -41,7 +41,7 @@ from sqlalchemy.exc import DBAPIError
 from echomq.errors import FloorError, FloorSchemaError, StaleFence
 from echomq.floor.engine import WRITE_OPTION, make_engine, redact_url
 from echomq.floor.forkgate import GATE
-from echomq.floor.schema import VERSION_TABLE, crons, fences, jobs
+from echomq.floor.schema import VERSION_TABLE, crons, fences, jobs, lane_limits
 
 # Ids per IN (...) list: well under SQLite's and PostgreSQL's bound-parameter limits.
 _CHUNK = 500
@@ -333,6 +333,26 @@ class Floor:
                 .where(crons.c.queue == queue).order_by(crons.c.key))
         with self._guard("cron_rows"), self._engine.connect() as conn:
             return [(key, spec, int(last)) for key, spec, last in conn.execute(stmt)]
+
+    # -- lane limits ----------------------------------------------------------
+
+    def put_lane_limits(self, queue: str, limits: dict[str, str], fence: int) -> None:
+        """Make the queue's lane limits these (lane, "*" the default -> value): the
+        scheduler's copy of Valkey's limits hash."""
+        now = _now_ms()
+        with self._write("put_lane_limits", queue, fence) as conn:
+            conn.execute(delete(lane_limits).where(lane_limits.c.queue == queue))
+            if limits:
+                conn.execute(lane_limits.insert(), [
+                    {"queue": queue, "lane": lane, "value": value, "updated_ms": now}
+                    for lane, value in limits.items()])
+
+    def lane_limit_rows(self, queue: str) -> dict[str, str]:
+        """The queue's lane limits as the floor holds them (lane -> value)."""
+        stmt = (select(lane_limits.c.lane, lane_limits.c.value)
+                .where(lane_limits.c.queue == queue).order_by(lane_limits.c.lane))
+        with self._guard("lane_limit_rows"), self._engine.connect() as conn:
+            return {lane: value for lane, value in conn.execute(stmt)}
 
     # -- reads ----------------------------------------------------------------
 

@@ -18,7 +18,8 @@
   The leader stamps meta "led" with the server time of each renewal; the call
   returns the stamp it replaced, so a new leader knows whether a scheduler ran
   moments ago (a hand-over) or not for a while (occurrences missed meanwhile are
-  admitted once, not once per missed tick). Meta "crons" is the crons' version.
+  admitted once, not once per missed tick). Meta "crons" is the crons' version,
+  meta "limits" the lane limits' version (limit.lua).
 
   Input:
     KEYS[1] leader    string "<replica>|<fence>", with a TTL
@@ -26,7 +27,7 @@
     KEYS[3] closed    list of ids whose floor rows to close
     KEYS[4] epoch     set by the scheduler; gone means Valkey lost its data
     KEYS[5] schedule  zset of deferred job ids by due time (ms)
-    KEYS[6] meta      queue settings hash (fields "fold", "led", "crons", "cronly")
+    KEYS[6] meta      queue settings hash (fields "fold", "led", "crons", "cronly", "limits")
     ARGV[1] replica id
     ARGV[2] lease ttl in ms
     ARGV[3] spill threshold offset in ms (jobs due after now + this are spill candidates)
@@ -36,14 +37,15 @@
     { fence or -1 when another replica leads, fold length, closed length,
       epoch or "", spill candidates, server now in ms,
       1 when the fold lease had lapsed before this call (else 0),
-      the previous "led" stamp or "" (a leader only; else ""), the crons' version or "" }
+      the previous "led" stamp or "" (a leader only; else ""), the crons' version or "",
+      the lane limits' version or "" }
 ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local me = ARGV[1]
 local floored = tonumber(ARGV[4]) > 0
 local held = redis.call('GET', KEYS[1])
-local meta = redis.call('HMGET', KEYS[6], 'fold', 'led', 'crons', 'cronly')
+local meta = redis.call('HMGET', KEYS[6], 'fold', 'led', 'crons', 'cronly', 'limits')
 local fence = -1
 if held then
   local sep = string.find(held, '|', 1, true)
@@ -76,4 +78,4 @@ end
 local epoch = redis.call('GET', KEYS[4]) or ''
 local spill = redis.call('ZCOUNT', KEYS[5], '(' .. (now + tonumber(ARGV[3])), '+inf')
 return { fence, redis.call('LLEN', KEYS[2]), redis.call('LLEN', KEYS[3]), epoch, spill, now,
-  lapsed, led, meta[3] or '' }
+  lapsed, led, meta[3] or '', meta[5] or '' }

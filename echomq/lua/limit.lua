@@ -8,7 +8,8 @@
   is then put back on every ring a claim took it off (blocked set
   "<p>|<lane>", rings "ring<p>" of levels above 0 built inside), leaves the
   lane wake zset and loses its blocked flag in the active count, and the doorbell rings when anything came back: the next
-  claim judges it by the new limits.
+  claim judges it by the new limits. Bumps the meta field "limits", which the
+  scheduler's lead call returns, so a scheduler with a floor copies the limits there.
 
   Input:
     KEYS[1] limits    hash: lane (or "*") -> "max_active rate per_ms"
@@ -40,6 +41,7 @@ else
   entries = {}
   for p = 0, 9 do entries[#entries + 1] = p .. '|' .. lane end
 end
+redis.call('HINCRBY', prefix .. 'meta', 'limits', 1)
 local back = 0
 local seen = {}
 for _, entry in ipairs(entries) do

@@ -91,6 +91,7 @@ def test_migrations_ship_as_package_data(floor: Floor) -> None:
     assert root.joinpath("script.py.mako").is_file()
     assert root.joinpath("versions", "0001_floor.py").is_file()
     assert root.joinpath("versions", "0002_crons.py").is_file()
+    assert root.joinpath("versions", "0003_lane_limits.py").is_file()
 
 
 def test_crons_revision_up_and_down_keeps_the_jobs(empty_floor: Floor) -> None:
@@ -100,8 +101,8 @@ def test_crons_revision_up_and_down_keeps_the_jobs(empty_floor: Floor) -> None:
     empty_floor.upgrade("0001_floor")
     assert "emq_floor_crons" not in _tables(empty_floor)
     empty_floor.upsert("q", [FloorRow("kept", 5, {"name": "x"})], fence=1)
-    empty_floor.upgrade()
-    assert empty_floor.current_revision() == "0002_crons" == empty_floor.head_revision()
+    empty_floor.upgrade("0002_crons")
+    assert empty_floor.current_revision() == "0002_crons"
     empty_floor.put_crons("q", [("nightly", '{"expr":"0 3 * * *"}', 7)], None)
     assert empty_floor.cron_rows("q") == [("nightly", '{"expr":"0 3 * * *"}', 7)]
     empty_floor.downgrade("0001_floor")
@@ -109,3 +110,21 @@ def test_crons_revision_up_and_down_keeps_the_jobs(empty_floor: Floor) -> None:
     assert [r.job_id for r in empty_floor.open_rows("q", None, 10)] == ["kept"]
     empty_floor.upgrade()
     assert empty_floor.cron_rows("q") == []
+
+
+def test_lane_limits_revision_up_and_down_keeps_the_rest(empty_floor: Floor) -> None:
+    """0002 -> 0003 adds the lane limits table beside jobs and crons; down drops it alone."""
+    from echomq.floor import FloorRow
+
+    empty_floor.upgrade("0002_crons")
+    assert "emq_floor_lane_limits" not in _tables(empty_floor)
+    empty_floor.upsert("q", [FloorRow("kept", 5, {"name": "x"})], fence=1)
+    empty_floor.put_crons("q", [("nightly", "{}", 7)], None)
+    empty_floor.upgrade()
+    assert empty_floor.current_revision() == "0003_lane_limits" == empty_floor.head_revision()
+    empty_floor.put_lane_limits("q", {"a": "1"}, fence=1)
+    assert empty_floor.lane_limit_rows("q") == {"a": "1"}
+    empty_floor.downgrade("0002_crons")
+    assert "emq_floor_lane_limits" not in _tables(empty_floor)
+    assert [r.job_id for r in empty_floor.open_rows("q", None, 10)] == ["kept"]
+    assert empty_floor.cron_rows("q") == [("nightly", "{}", 7)]
