@@ -73,8 +73,8 @@ class QueueSettings:
              "job_timeout must be a number of seconds > 0 or None"),
             (self.lane_limit is None or (isinstance(self.lane_limit, int)
                                          and not isinstance(self.lane_limit, bool)
-                                         and self.lane_limit >= 1),
-             "lane_limit must be an integer >= 1 or None"),
+                                         and 1 <= self.lane_limit <= 999_999_999),
+             "lane_limit must be an integer from 1 to 999,999,999 or None"),
             (self.durability is None or self.durability in DURABILITIES,
              f"durability must be one of {', '.join(DURABILITIES)}"),
             (self.doorbell in DOORBELLS, f"doorbell must be one of {', '.join(DOORBELLS)}"),

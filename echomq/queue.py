@@ -641,12 +641,18 @@ def _priority(priority: Any) -> str:
     return str(priority)
 
 
+# a lane's active count carries its blocked flag as + 10^9 (claim.lua): limits stay below
+MAX_LIMIT = 999_999_999
+
+
 def limit_value(max_active: int | None, rate: int | None, per_s: float | None) -> str:
     """Lane limits as the limit script stores them: "max_active rate per_ms", "-" for a
     part not set, or "max_active" alone; "" when none is set."""
     for what, v in (("max_active", max_active), ("rate", rate)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"{what} must be an integer >= 1 or None, got {v!r}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                              or not 1 <= v <= MAX_LIMIT):
+            raise ValueError(f"{what} must be an integer from 1 to {MAX_LIMIT:,} or None, "
+                             f"got {v!r}")
     if per_s is not None and rate is None:
         raise ValueError("per_s needs a rate")
     per_ms = None

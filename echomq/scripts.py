@@ -119,7 +119,7 @@ CRON_SET = LuaScript("cron_set", 3)
 CRON_REMOVE = LuaScript("cron_remove", 3)
 CRON_FIRE = LuaScript("cron_fire", 7)
 CRON_RESTORE = LuaScript("cron_restore", 3)
-LIMITS_RESTORE = LuaScript("limits_restore", 2)
+LIMITS_RESTORE = LuaScript("limits_restore", 3)
 LIMITS_READ = LuaScript("limits_read", 3)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
        RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY, LIMIT,

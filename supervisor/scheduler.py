@@ -198,8 +198,7 @@ class Scheduler:
         epoch = _text(epoch)
         if self.has_floor and floor_work and (
                 not epoch or epoch.startswith(REHYDRATING) and epoch != self.rehydration):
-            self.crontab.restore()  # Valkey lost its data: the crons come back first,
-            self._restore_limits()  # and the lane limits, before any job does
+            self.crontab.restore()  # Valkey lost its data: the crons come back first
         self._crons(now, int(server_now), _text(led), _text(cron_version))
         if not self.has_floor:
             return
@@ -217,7 +216,8 @@ class Scheduler:
         if rehydrating and not self._rehydrate(int(server_now), epoch):
             return
         self.crontab.sync_floor(fence)
-        if _text(limits_version) != self.limits_version:
+        version = _text(limits_version)  # "": no limit set since Valkey's data began
+        if version and version != self.limits_version:
             self._copy_limits(fence, epoch)
         if int(fold_len):
             self._fold()
@@ -249,13 +249,16 @@ class Scheduler:
         if due is not None:
             self.next_cron = now + max(0, due - server_now + 1) / 1000
 
-    def _restore_limits(self) -> None:
-        """Put back the floor's lane limits Valkey lacks (after a data loss)."""
-        args = [x for pair in self.floor.lane_limit_rows(self.queue).items() for x in pair]
+    def _restore_limits(self, limits: dict[str, str]) -> None:
+        """Put back the floor's lane limits Valkey lacks (after a data loss), unless the
+        rehydration's mark is gone already (Valkey lost its data again: it starts over)."""
+        args = [x for pair in limits.items() for x in pair]
         if not args:
             return
-        restored = int(scripts.LIMITS_RESTORE(self.client, [self.keys.limits, self.keys.meta],
-                                              args))
+        assert self.rehydration is not None
+        restored = int(scripts.LIMITS_RESTORE(
+            self.client, [self.keys.epoch, self.keys.limits, self.keys.meta],
+            [self.rehydration, *args]))
         self.limits_restored += restored
         if restored:
             event(log, "limits-restored", "queue %s: restored %d lane limit(s) from the floor",
@@ -543,11 +546,13 @@ class Scheduler:
         it starts over. Returns True once done.
         """
         if self.rehydration is None or epoch != self.rehydration:
+            limits = self.floor.lane_limit_rows(self.queue)  # read before the mark is set
             self.rehydration = REHYDRATING + uuid.uuid4().hex
             self.rehydrate_after = None
             self.rehydrate_count = 0
             self.client.set(self.keys.epoch, self.rehydration)
             self.client.hset(self.keys.meta, "fold", server_now + self.fold_grace_ms)
+            self._restore_limits(limits)  # the lane limits come back before any job does
         apply = self._apply("all")
         until = server_now + self.clock_offset_ms + self.horizon_ms
         while True:
@@ -569,7 +574,11 @@ class Scheduler:
             if self._over_budget():
                 return False
         spilled = self.floor.count(self.queue, spilled=True)
-        self.client.set(self.keys.epoch, uuid.uuid4().hex)
+        # only over our own mark: Valkey losing its data again meanwhile (the mark gone)
+        # restarts the rehydration, instead of calling complete what the loss took
+        if self.client.set(self.keys.epoch, uuid.uuid4().hex, xx=True, get=True) is None:
+            self.rehydration = None
+            return False
         restored = self.rehydrate_count
         self.rehydrated += restored
         self.rehydration = None

@@ -3,7 +3,9 @@
   only while Valkey still holds the data of the epoch the caller knows.
 
   An empty limits hash after Valkey lost its data must not reach the floor as "no
-  limits": the read is refused unless the epoch key holds the caller's epoch.
+  limits": the read is refused unless the epoch key holds the caller's epoch, and
+  while the version is absent (no limit set, cleared or restored since Valkey's data
+  began: a rehydration by a scheduler that restores no limits leaves it so).
 
   Input:
     KEYS[1] epoch   set by the scheduler; gone means Valkey lost its data
@@ -12,7 +14,9 @@
     ARGV[1] the epoch the caller read
 
   Output:
-    false when the epoch differs; else { version or "", flat lane, value list }
+    false when the epoch differs or no version is set; else { version, flat lane, value list }
 ]]
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
-return { redis.call('HGET', KEYS[3], 'limits') or '', redis.call('HGETALL', KEYS[2]) }
+local version = redis.call('HGET', KEYS[3], 'limits')
+if not version then return false end
+return { version, redis.call('HGETALL', KEYS[2]) }

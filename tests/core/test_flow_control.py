@@ -289,12 +289,16 @@ def test_an_invalid_priority_is_refused_and_nothing_admitted(
 
 
 @pytest.mark.parametrize("kwargs", [{"max_active": 0}, {"rate": 0}, {"rate": 2, "per_s": 0},
-                                    {"per_s": 1.0}, {"max_active": 1.5}, {"rate": True}])
+                                    {"per_s": 1.0}, {"max_active": 1.5}, {"rate": True},
+                                    # the active count's blocked flag is + 10^9: limits stay below
+                                    {"max_active": 10**9}, {"rate": 10**130}])
 def test_invalid_limits_are_refused(redis_url: str, queue_name: str, r: redis.Redis,
                                     kwargs: dict[str, object]) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     with pytest.raises(ValueError):
         q.set_lane_limit("a", **kwargs)  # type: ignore[arg-type]
+    q.set_lane_limit("a", max_active=10**9 - 1)  # the largest limit
+    q.set_lane_limit("a")
     with pytest.raises(echomq.InvalidName):
         q.set_lane_limit("a b", max_active=1)
     assert r.exists(q.keys.limits) == 0

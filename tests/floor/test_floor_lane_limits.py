@@ -1,6 +1,7 @@
 """Lane limits on the floor, on both backends: the scheduler's copy of Valkey's limits, and
 limits coming back after Valkey restarts empty (a lane that was one at a time must not run
-its jobs side by side after a failover)."""
+its jobs side by side after a failover), also when Valkey loses its data again while the
+limits and the jobs come back."""
 
 from __future__ import annotations
 
@@ -124,11 +125,77 @@ def test_a_valkey_lost_after_the_lead_call_leaves_the_floors_limits_alone(
     def lead_then_lose(*args: Any) -> Any:
         reply = lead(*args)
         client.flushall()  # Valkey's data is gone, the lead's reply still says the epoch
+        q.set_lane_limit("newer", max_active=4)  # and a producer sets a limit at once
         return reply
 
     monkeypatch.setattr(scripts, "LEAD", lead_then_lose)
     _tick(sched)
     monkeypatch.setattr(scripts, "LEAD", lead)
     assert floor.lane_limit_rows("lq") == {"serial": "1"}  # not emptied
-    _tick(sched)  # the loss is seen: the floor's limits come back
+    _tick(sched)  # the loss is seen: the floor's limits come back beside the newer one
+    assert {lane: v["max_active"] for lane, v in q.lane_limits().items()} == {
+        "serial": 1, "newer": 4}
+
+
+def _floored_jobs(q: echomq.Queue, sched: Scheduler, floor: Floor, n: int) -> list[str]:
+    """``n`` deferred jobs of lane "serial", folded onto the floor."""
+    ids = [q.add("x", {"i": i}, lane="serial", delay=3600) for i in range(n)]
+    _tick(sched)
+    assert floor.count("lq") == n
+    return ids
+
+
+def test_valkey_lost_again_after_the_limits_came_back_restarts_the_rehydration(
+        floor: Floor, server: LocalRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("lq", redis=client)
+    q.set_lane_limit("serial", max_active=1)
+    sched = _scheduler("lq", client, floor)
+    _tick(sched)
+    ids = _floored_jobs(q, sched, floor, 3)
+    assert floor.lane_limit_rows("lq") == {"serial": "1"}
+
+    server.restart_empty()
+    restore = scripts.LIMITS_RESTORE
+
+    def restore_then_lose(*args: Any) -> Any:
+        reply = restore(*args)
+        client.flushall()  # lost again, between the limits and the jobs
+        return reply
+
+    monkeypatch.setattr(scripts, "LIMITS_RESTORE", restore_then_lose)
+    _tick(sched)
+    monkeypatch.setattr(scripts, "LIMITS_RESTORE", restore)
+    _tick(sched)  # the mark was gone: the rehydration starts over, limits first
+    _tick(sched)
     assert q.lane_limits()["serial"]["max_active"] == 1
+    assert floor.lane_limit_rows("lq") == {"serial": "1"}
+    assert sorted(j.id for j in q.jobs("scheduled", limit=10)) == sorted(ids)
+
+
+def test_valkey_lost_in_the_middle_of_a_rehydration_loses_no_floor_row(
+        floor: Floor, server: LocalRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jobs restored before the loss are gone from Valkey again: the rehydration must
+    not call itself complete (the orphan pass would then close their floor rows)."""
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("lq", redis=client)
+    sched = _scheduler("lq", client, floor)
+    _tick(sched)
+    ids = _floored_jobs(q, sched, floor, 3)
+
+    server.restart_empty()
+    restore = scripts.RESTORE
+
+    def restore_then_lose(*args: Any) -> Any:
+        reply = restore(*args)
+        client.flushall()
+        return reply
+
+    monkeypatch.setattr(scripts, "RESTORE", restore_then_lose)
+    _tick(sched)
+    monkeypatch.setattr(scripts, "RESTORE", restore)
+    for _ in range(3):
+        sched.next_orphan_check = 0.0
+        _tick(sched)
+    assert floor.count("lq") == 3
+    assert sorted(j.id for j in q.jobs("scheduled", limit=10)) == sorted(ids)
