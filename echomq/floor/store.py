@@ -336,16 +336,28 @@ class Floor:
 
     # -- lane limits ----------------------------------------------------------
 
-    def put_lane_limits(self, queue: str, limits: dict[str, str], fence: int) -> None:
+    def put_lane_limits(self, queue: str, limits: dict[str, str], fence: int) -> int:
         """Make the queue's lane limits these (lane, "*" the default -> value): the
-        scheduler's copy of Valkey's limits hash."""
+        scheduler's copy of Valkey's limits hash. Only the lanes that changed are written
+        (a lane per tenant: one change costs one row); returns how many rows changed."""
         now = _now_ms()
+        current = select(lane_limits.c.lane, lane_limits.c.value).where(
+            lane_limits.c.queue == queue)
         with self._write("put_lane_limits", queue, fence) as conn:
-            conn.execute(delete(lane_limits).where(lane_limits.c.queue == queue))
-            if limits:
-                conn.execute(lane_limits.insert(), [
-                    {"queue": queue, "lane": lane, "value": value, "updated_ms": now}
-                    for lane, value in limits.items()])
+            stored = {lane: value for lane, value in conn.execute(current)}
+            gone = [lane for lane in stored if lane not in limits]
+            for chunk in _chunks(gone):
+                conn.execute(delete(lane_limits).where(lane_limits.c.queue == queue,
+                                                       lane_limits.c.lane.in_(chunk)))
+            changed = [{"queue": queue, "lane": lane, "value": value, "updated_ms": now}
+                       for lane, value in limits.items() if stored.get(lane) != value]
+            if changed:
+                stmt = self._insert(lane_limits)
+                conn.execute(stmt.on_conflict_do_update(
+                    index_elements=[lane_limits.c.queue, lane_limits.c.lane],
+                    set_={"value": stmt.excluded.value,
+                          "updated_ms": stmt.excluded.updated_ms}), changed)
+        return len(gone) + len(changed)
 
     def lane_limit_rows(self, queue: str) -> dict[str, str]:
         """The queue's lane limits as the floor holds them (lane -> value)."""

@@ -38,10 +38,15 @@ def _scheduler(queue: str, client: redis.Redis, floor: Floor) -> Scheduler:
 
 
 def test_store_replaces_a_queues_lane_limits_under_the_fence(floor: Floor) -> None:
-    floor.put_lane_limits("q", {"a": "1", "*": "3 - -"}, 5)
+    assert floor.put_lane_limits("q", {"a": "1", "*": "3 - -"}, 5) == 2
     floor.put_lane_limits("other", {"a": "2"}, 5)
     assert floor.lane_limit_rows("q") == {"*": "3 - -", "a": "1"}
-    floor.put_lane_limits("q", {"b": "- 10 1000"}, 6)  # the copy: "a" and "*" were cleared
+    # the copy: "a" and "*" were cleared, "b" is new; then one lane changed, then none
+    assert floor.put_lane_limits("q", {"b": "- 10 1000"}, 6) == 3
+    assert floor.lane_limit_rows("q") == {"b": "- 10 1000"}
+    assert floor.put_lane_limits("q", {"b": "2", "c": "1"}, 6) == 2
+    assert floor.put_lane_limits("q", {"b": "2", "c": "1"}, 6) == 0
+    assert floor.put_lane_limits("q", {"b": "- 10 1000"}, 6) == 2
     assert floor.lane_limit_rows("q") == {"b": "- 10 1000"}
     with pytest.raises(StaleFence):
         floor.put_lane_limits("q", {}, 5)
@@ -199,3 +204,28 @@ def test_valkey_lost_in_the_middle_of_a_rehydration_loses_no_floor_row(
         _tick(sched)
     assert floor.count("lq") == 3
     assert sorted(j.id for j in q.jobs("scheduled", limit=10)) == sorted(ids)
+
+
+def test_thousands_of_lane_limits_come_back_in_short_calls(
+        floor: Floor, server: LocalRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("lq", redis=client)
+    sched = _scheduler("lq", client, floor)
+    _tick(sched)
+    for i in range(2500):  # a lane per tenant
+        scripts.set_limit(client, q.keys, f"tenant-{i}", "1")
+    _tick(sched)
+    assert len(floor.lane_limit_rows("lq")) == 2500
+    server.restart_empty()
+    client2 = redis.Redis.from_url(server.url)
+    restore, pairs = scripts.LIMITS_RESTORE, []
+
+    def counted(client: Any, keys: Any, args: Any) -> Any:
+        pairs.append((len(args) - 1) // 2)
+        return restore(client, keys, args)
+
+    monkeypatch.setattr(scripts, "LIMITS_RESTORE", counted)
+    sched2 = _scheduler("lq", client2, floor)
+    _tick(sched2)
+    assert client2.hlen(q.keys.limits) == 2500 and sched2.limits_restored == 2500
+    assert pairs == [1000, 1000, 500]
