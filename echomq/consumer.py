@@ -118,7 +118,7 @@ class Consumer:
         doorbell = Doorbell(self.queue.redis, keys, self.settings.beat_ms / 1000,
                             self.settings.doorbell)
         self._server_offset_ms: float | None = None  # server clock minus monotonic, in ms
-        self._schedule_head_ms: int | None = None
+        self._schedule_head_ms: float | None = None
         claimed_bell = False
         beat_s = self.settings.beat_ms / 1000
         lease_s = self.settings.lease_ms / 1000

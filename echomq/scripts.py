@@ -311,7 +311,7 @@ def promote_keys(k: Keys) -> list[str]:
 
 
 def promote(client: redis.Redis, k: Keys, batch: int,
-            meanwhile: Callable[[], object] | None = None) -> tuple[int, int, float]:
+            meanwhile: Callable[[], object] | None = None) -> tuple[int, float, float]:
     """Promote due jobs and open rate-limited lanes whose window opened: (promoted jobs and
     opened lanes, next due ms or -1 (the schedule's or a lane window's), server now in ms
     to the microsecond). ``meanwhile`` runs once the call is written and before its reply
@@ -329,7 +329,7 @@ def promote(client: redis.Redis, k: Keys, batch: int,
         finally:
             reply = flight.read()[0]
     promoted, next_due, now, micros = reply
-    return int(promoted), int(next_due), int(now) + int(micros) / 1000
+    return int(promoted), float(next_due), int(now) + int(micros) / 1000
 
 
 def reap(client: redis.Redis, k: Keys, limit: int = 1000) -> tuple[int, int, int, int]:

@@ -126,8 +126,8 @@ class Doorbell:
         self.asking = False  # this connection follows an ASK: send ASKING before each call
         self.lost = False  # the connection failed: re-read the slot map before reconnecting
         self.failed: BaseException | None = None  # seen by buffered(), raised by collect()
-        self.due_ms: int | None = None  # the last popped marker's due time (server ms)
-        self.next_due_ms: int | None = None  # the owner's schedule head, put back on close
+        self.due_ms: float | None = None  # the last popped marker's due time (server ms)
+        self.next_due_ms: float | None = None  # the owner's schedule head, put back on close
 
     @property
     def wake_key(self) -> str:
@@ -196,11 +196,11 @@ class Doorbell:
         if self.kind == "marker":
             _, member, score = reply
             if member != NOW_MEMBER:
-                self.due_ms = int(float(score))
+                self.due_ms = float(score)
                 return False
         return True
 
-    def take_due(self) -> int | None:
+    def take_due(self) -> float | None:
         """The due time the last marker announced (once), or None. It is also kept as the
         schedule head to put back on close, until the owner's next promote replaces it."""
         due, self.due_ms = self.due_ms, None

@@ -52,7 +52,7 @@ class Metronome:
         # blocks for several beats, so an idle queue costs a fraction of a command per beat
         self.doorbell = Doorbell(client, self.keys, self.beat_s * PARK_BEATS, settings.doorbell)
         self.server_offset_ms: float | None = None  # server clock minus monotonic, in ms
-        self.head_ms: int | None = None  # the schedule head's due time (server ms), if known
+        self.head_ms: float | None = None  # the schedule head's due time (server ms), if known
         self.next_promote = 0.0  # monotonic deadlines: 0 = now
         self.next_reap = 0.0
         self.next_trim = 0.0
@@ -86,7 +86,7 @@ class Metronome:
         # a quiet beat needs no pump: the local timers already say when heads fall due
         return rung
 
-    def _local_time(self, due_ms: int) -> float:
+    def _local_time(self, due_ms: float) -> float:
         """A server-clock due time on the monotonic clock (now, when no offset is known)."""
         if self.server_offset_ms is None:
             return 0.0
@@ -156,7 +156,7 @@ class Metronome:
             self.next_promote = min(self.next_promote, self._local_time(next_due))
         return total > 0
 
-    def _promote_telling(self, batch: int, tell: Callable[[], bool]) -> tuple[int, int, float]:
+    def _promote_telling(self, batch: int, tell: Callable[[], bool]) -> tuple[int, float, float]:
         """One promote that wakes a consumer on its way instead of ringing; it rings after
         all when nobody could be told."""
         told: list[bool] = []

@@ -1,7 +1,8 @@
 --[[
   promote: move up to pump_batch due jobs from the schedule head onto their lanes.
 
-  Due is judged on the server clock. A promoted lane that was empty joins the
+  Due is judged on the server clock, to the microsecond (a relative due time's
+  score keeps it, see schedule.lua). A promoted lane that was empty joins the
   ring; the doorbell rings once when anything was promoted (unless the caller
   wakes a consumer itself, ARGV[3]). The caller parks
   until the returned next due time (both times are the server's, so hosts with
@@ -27,13 +28,15 @@
     ARGV[3] "1" (optional): ring no doorbell, the caller wakes a consumer itself
 
   Output:
-    { promoted (jobs and opened lanes), next due time in ms or -1, server now in ms,
-      the microseconds past that ms (callers keep a timer to the head's due time) }
+    { promoted (jobs and opened lanes), next due time in ms or -1 (as text, to the
+      microsecond), server now in ms, the microseconds past that ms (callers keep a
+      timer to the head's due time) }
 ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local exact = t[1] * 1000 + t[2] / 1000
 local prefix = ARGV[1]
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', exact, 'LIMIT', 0, tonumber(ARGV[2]))
 local promoted = 0
 local moved = 0
 for _, id in ipairs(due) do
@@ -85,4 +88,6 @@ local next_due = -1
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if head[2] then next_due = tonumber(head[2]) end
 if open[2] and (next_due < 0 or tonumber(open[2]) < next_due) then next_due = tonumber(open[2]) end
-return { promoted, next_due, now, t[2] % 1000 }
+-- as text: a number reply would drop the microseconds, and a timer aimed at the whole
+-- ms before the due time would find nothing due
+return { promoted, string.format('%.3f', next_due), now, t[2] % 1000 }

@@ -3,7 +3,10 @@
 
   Idempotent per job id, like admit (a spilled id, or one reserved by dedup_ms,
   counts as taken). Due time is the server clock plus the
-  delay, or an absolute time when one is given. When the queue folds onto a
+  delay, or an absolute time when one is given. A relative due time keeps the
+  clock's microseconds in the score, so the job starts at its due time, not at
+  the next whole millisecond; the hash's due_ms (and the floor's copy) is that
+  time rounded up, so a job restored from it never starts early. When the queue folds onto a
   floor (meta field "fold", a lease expiry in ms, not yet passed), each new id is appended to the fold log.
   Rings the doorbell only when a new job became the schedule's head, so a
   parked metronome re-computes its wait; otherwise nobody needs waking.
@@ -28,7 +31,7 @@
 ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
--- a relative due time is rounded up to the next ms, so a job never starts early
+-- the server clock in ms to the microsecond: a relative due time's score
 local exact = t[1] * 1000 + t[2] / 1000
 local prefix = ARGV[1]
 local n = tonumber(ARGV[2])
@@ -56,11 +59,15 @@ for i = 0, n - 1 do
     out[i + 1] = 0
   else
     local due = tonumber(ARGV[b + 11])
-    if due < 0 then due = math.ceil(exact - due) end
+    local due_ms = due
+    if due < 0 then
+      due = exact - due
+      due_ms = math.ceil(due)
+    end
     redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
       'lane', ARGV[b + 3], 'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[b + 4],
       'stalls', 0, 'max_stalls', ARGV[b + 5], 'backoff', ARGV[b + 6], 'created_ms', now,
-      'due_ms', due, 'deferred', 1)
+      'due_ms', due_ms, 'deferred', 1)
     if ARGV[b + 7] ~= '' then redis.call('HSET', jk, 'timeout_ms', ARGV[b + 7]) end
     if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'dedup_ms', ARGV[b + 8]) end
     if ARGV[b + 9] ~= '' then redis.call('HSET', jk, 'trace', ARGV[b + 9]) end

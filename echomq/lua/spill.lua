@@ -21,7 +21,8 @@ for i = 2, #ARGV, 2 do
   local id = ARGV[i]
   local jk = ARGV[1] .. 'job:' .. id
   local score = redis.call('ZSCORE', KEYS[1], id)
-  if score and tonumber(score) == tonumber(ARGV[i + 1])
+  -- the floor's due_ms is the score rounded up to the ms (schedule.lua)
+  if score and math.ceil(tonumber(score)) == tonumber(ARGV[i + 1])
       and redis.call('HGET', jk, 'state') == 'scheduled' then
     redis.call('ZREM', KEYS[1], id)
     redis.call('DEL', jk)

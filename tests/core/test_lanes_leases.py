@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import time
+
+import pytest
 import redis
 
 import echomq
@@ -226,6 +230,50 @@ def test_a_delayed_job_is_never_due_early(redis_url: str, queue_name: str,
         assert job.due_ms >= sec * 1000 + usec / 1000 + 300
 
 
+def test_a_delayed_jobs_due_time_keeps_the_server_clocks_microseconds(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    """The score is the server clock at the admit plus the delay, to the microsecond (not
+    rounded up to the next ms, which made a job start up to a ms late); the hash's due_ms,
+    which the floor keeps, is that time rounded up, so a restored job never starts early."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+
+    def server_ms() -> float:
+        sec, usec = r.time()
+        return sec * 1000 + usec / 1000
+
+    for _ in range(10):
+        before = server_ms()
+        job_id = q.add("x", delay=0.3)
+        after = server_ms()
+        score = r.zscore(q.keys.schedule, job_id)
+        assert before + 300 <= score <= after + 300
+        assert int(r.hget(q.keys.job(job_id), "due_ms")) == math.ceil(score)
+
+
+def test_promote_judges_a_due_time_to_the_microsecond(redis_url: str, queue_name: str,
+                                                      r: redis.Redis) -> None:
+    """Between a due time and the next whole ms, the job is due: a promote then moves it,
+    and the next due time it returns before that is the score itself, to the microsecond
+    (the metronome's timer aims at it)."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    for _ in range(5):
+        job_id = q.add("x", delay=3600)
+        sec, usec = r.time()
+        due = math.floor(sec * 1000 + usec / 1000) + 3.5  # half past a whole ms
+        r.zadd(q.keys.schedule, {job_id: due}, xx=True)
+        deadline = time.monotonic() + 5
+        while True:
+            promoted, next_due, server_now = scripts.promote(r, q.keys, 10)
+            if promoted:
+                assert server_now >= due
+                break
+            assert server_now < due, "due, yet not promoted"
+            assert next_due == pytest.approx(due, abs=0.001)
+            assert time.monotonic() < deadline
+        [claimed] = _lanes(q).claim(1)
+        assert claimed.id == job_id
+
+
 def test_an_empty_token_never_matches_a_settled_job(redis_url: str, queue_name: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     job_id = q.add("x", 1)
@@ -290,11 +338,11 @@ def test_spill_leaves_a_job_whose_due_time_moved_since_the_floor_wrote_it(
         redis_url: str, queue_name: str, r: redis.Redis) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     job_id = q.add("x", {}, delay=7200)
-    due = int(r.zscore(q.keys.schedule, job_id))
+    due = int(r.hget(q.keys.job(job_id), "due_ms"))  # what the floor's row holds
     keys = [q.keys.schedule, q.keys.spilled]
     # the floor's row says another due time: the job was retried or re-added meanwhile
     assert scripts.SPILL(r, keys, [q.keys.prefix, job_id, due - 1]) == [0]
-    assert r.exists(q.keys.job(job_id)) and r.zscore(q.keys.schedule, job_id) == due
+    assert r.exists(q.keys.job(job_id)) and math.ceil(r.zscore(q.keys.schedule, job_id)) == due
     assert not r.sismember(q.keys.spilled, job_id)
     assert scripts.SPILL(r, keys, [q.keys.prefix, job_id, due]) == [1]
     assert not r.exists(q.keys.job(job_id)) and r.sismember(q.keys.spilled, job_id)
