@@ -228,7 +228,7 @@ class Consumer:
         self._schedule_head_ms = next_due if next_due >= 0 else None
         return time.monotonic() + max(0.0, wait), total > 0
 
-    def _local_time(self, due_ms: int) -> float:
+    def _local_time(self, due_ms: float) -> float:
         """A server-clock due time on the monotonic clock (now, when no offset is known)."""
         if self._server_offset_ms is None:
             return 0.0

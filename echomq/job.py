@@ -35,6 +35,10 @@ class Job:
     ``progress``: read from ``Queue.get``, the last value the handler reported; inside a
     handler, ``job.progress(value)`` reports one (JSON, small) and extends the lease.
     ``priority``: 0 to 9, higher first (read from ``Queue.get``; 0 inside a handler).
+    ``due_ms``: a scheduled job's due time on the server clock, rounded up to the whole
+    ms; a ``delay`` is kept to the microsecond, so the job is due up to 1 ms before it
+    (and ``started_ms``, whole ms rounded down, may be 1 below it), never before the
+    server's clock reached admit time + delay.
     """
 
     id: str

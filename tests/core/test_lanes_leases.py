@@ -274,6 +274,28 @@ def test_promote_judges_a_due_time_to_the_microsecond(redis_url: str, queue_name
         assert claimed.id == job_id
 
 
+def test_a_delayed_job_starts_no_earlier_than_the_ms_before_its_due_ms(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    """Job.due_ms is the due time rounded up: the job may start in the ms before it (its
+    started_ms, rounded down, one below), never earlier, and never before its score."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    lanes = _lanes(q)
+    for _ in range(20):
+        job_id = q.add("x", delay=0.003)
+        score = r.zscore(q.keys.schedule, job_id)
+        deadline = time.monotonic() + 5
+        while True:
+            promoted, _, server_now = scripts.promote(r, q.keys, 10)
+            if promoted:
+                break
+            assert time.monotonic() < deadline
+        assert server_now >= score
+        [claimed] = lanes.claim(1)
+        job = q.get(claimed.id)
+        assert job is not None and job.due_ms is not None and job.started_ms is not None
+        assert job.started_ms >= job.due_ms - 1
+
+
 def test_an_empty_token_never_matches_a_settled_job(redis_url: str, queue_name: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     job_id = q.add("x", 1)
