@@ -92,12 +92,15 @@ class Drain:
             raise
         carried: list[Outcome] = []  # finished outcomes of the batch before, not sent yet
         ahead: Ahead | None = None  # written, reply unread: claims the batch after this one
+        # the job claimed alone on waking starts first: what its claim would have sent
+        # ahead goes out once it has run (a pickup waits for no request to be written)
+        first = True
         while batch:
             self.hooks.on_batch(batch)
             if ahead is not None and any(c.alone for c in batch):
                 batch, carried = self._join_ahead(ahead, batch)
                 ahead = None
-            if ahead is None:
+            if ahead is None and not first:
                 ahead = self._send_ahead(batch, carried)
                 if ahead is not None:
                     carried = []
@@ -113,6 +116,9 @@ class Drain:
             if rest is not None or self.hooks.stop_requested():
                 self._stop(ahead, outcomes, rest or [])
                 return
+            if first:
+                first = False
+                ahead = self._send_ahead(batch, [])
             if ahead is not None:
                 after = self._send_after(ahead, outcomes)
                 try:

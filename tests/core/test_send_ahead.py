@@ -275,12 +275,32 @@ def test_a_standalone_consumer_holds_every_job_it_leased_while_one_runs(
         "of the batch before them ran")
 
 
+def test_the_job_claimed_on_waking_starts_before_anything_is_claimed_ahead(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    # a pickup: the job a wake-up claims alone starts with no request written after its
+    # claim (writing the claim of the next batch first delayed every pickup); the
+    # pipeline starts once it has run, with the same requests in the same order
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = _add(q, 5)
+    leased: dict[str, set[str]] = {}
+
+    def handler(job: echomq.Job) -> None:
+        leased[job.id] = _leased(r, q)
+
+    sup = Supervised(redis_url, queue_name, 30_000, handler)
+    sup.drain()
+    assert leased["j0"] == {"j0"}
+    assert leased["j1"] >= {"j1", "j2", "j3", "j4"}  # then [j3, j4] went behind [j1, j2]
+    assert [j for j in ids if _state(q, j)[0] == "completed"] == ids
+
+
 def test_a_long_job_costs_the_jobs_a_supervised_consumer_claimed_after_it_no_stall(
         redis_url: str, queue_name: str, r: redis.Redis) -> None:
-    # a supervised consumer's jobs claimed ahead are leased before it holds them; j0 runs
-    # for more than two leases meanwhile. The supervisor's extension pass (run here as its
-    # timer would) extends what the child's claims record names beyond its holdings, so a
-    # reaper finds nothing expired: j1 and j2 run once, with no stall
+    # a supervised consumer's jobs claimed ahead are leased before it holds them; j1 (of
+    # the batch [j1, j2], with [j3, j4] claimed behind it) runs for more than two leases
+    # meanwhile. The supervisor's extension pass (run here as its timer would) extends
+    # what the child's claims record names beyond its holdings, so a reaper finds nothing
+    # expired: j3 and j4 run once, with no stall
     lease_ms = 1000
     q = echomq.Queue(queue_name, redis_url=redis_url, lease_ms=lease_ms)
     ids = _add(q, 5)
@@ -290,7 +310,7 @@ def test_a_long_job_costs_the_jobs_a_supervised_consumer_claimed_after_it_no_sta
 
     def handler(job: echomq.Job) -> None:
         runs[job.id] += 1
-        if job.id != "j0":
+        if job.id != "j1":
             return
         claimed_ahead.update(_leased(r, q) - sup.held())
         until = time.monotonic() + 2.5 * lease_ms / 1000
@@ -301,7 +321,7 @@ def test_a_long_job_costs_the_jobs_a_supervised_consumer_claimed_after_it_no_sta
 
     sup = Supervised(redis_url, queue_name, lease_ms, handler)
     sup.drain()
-    assert claimed_ahead == {"j1", "j2"}
+    assert claimed_ahead == {"j3", "j4"}
     assert {j: (runs[j], *_state(q, j)) for j in ids} == {
         j: (1, "completed", 1, 0) for j in ids}
 
@@ -885,14 +905,14 @@ def test_send_ahead_is_off_where_the_worker_must_not_claim_past_a_limit(
 
 def test_jobs_claimed_ahead_keep_their_leases_under_a_job_that_outlives_the_claims_record(
         redis_url: str, queue_name: str, r: redis.Redis) -> None:
-    # A supervised consumer sends the claim of [j1, j2] ahead, then runs j0, a job longer
-    # than ten leases (a slow job among fast ones: the batch size was measured on the fast
-    # ones). The supervisor extends j1 and j2 only through the child's claims record, and
-    # that record expires ten leases after the child's last claim (claim.lua's PEXPIRE)
-    # unless the supervisor's pass renews it. Were it gone, nobody would extend their
-    # leases: a reaper would charge them a stall they did not earn and hand them out
-    # again, and this consumer, once j0 ends, would run them under their dead tokens and
-    # then once more.
+    # A supervised consumer sends the claim of [j3, j4] behind the batch [j1, j2], then
+    # runs j1, a job longer than ten leases (a slow job among fast ones: the batch size
+    # was measured on the fast ones). The supervisor extends j3 and j4 only through the
+    # child's claims record, and that record expires ten leases after the child's last
+    # claim (claim.lua's PEXPIRE) unless the supervisor's pass renews it. Were it gone,
+    # nobody would extend their leases: a reaper would charge them a stall they did not
+    # earn and hand them out again, and this consumer, once j1 ends, would run them under
+    # their dead tokens and then once more.
     lease_ms = 200
     q = echomq.Queue(queue_name, redis_url=redis_url, lease_ms=lease_ms)
     ids = _add(q, 5)
@@ -908,17 +928,17 @@ def test_jobs_claimed_ahead_keep_their_leases_under_a_job_that_outlives_the_clai
 
     def handler(job: echomq.Job) -> None:
         runs[job.id] += 1
-        if job.id != "j0" or runs[job.id] > 1:
+        if job.id != "j1" or runs[job.id] > 1:
             return
         claimed_ahead.update(_leased(r, q) - sup.held())
         until = time.monotonic() + 13 * lease_ms / 1000
-        while time.monotonic() < until:  # j0 runs on, past the record's first life
+        while time.monotonic() < until:  # j1 runs on, past the record's first life
             timer_pass()
         assert r.exists(sup.record), "the claims record expired under a long job"
 
     sup = Supervised(redis_url, queue_name, lease_ms, handler)
     sup.drain()
-    assert claimed_ahead == {"j1", "j2"}
+    assert claimed_ahead == {"j3", "j4"}
     # (runs, state, attempts, stalls)
     assert {j: (runs[j], *_state(q, j)) for j in ids} == {
         j: (1, "completed", 1, 0) for j in ids}
