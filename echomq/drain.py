@@ -54,9 +54,10 @@ class Drain:
 
     With ``send_ahead`` (a plain server; the default there) and jobs fast enough to be
     claimed more than one at a time, a request is always in flight while jobs run: the
-    claim of the next batch goes out before the first batch runs, and once a batch has
-    run, its settle and the claim of the batch after next are written before the reply
-    holding the next batch is read. The server settles and claims while the consumer
+    claim of the next batch goes out before a batch runs (after, for the job claimed
+    alone on waking, which starts at once), and once a batch has run, its settle and the
+    claim of the batch after next are written before the reply holding the next batch is
+    read. The server settles and claims while the consumer
     reads, parses and runs, instead of each waiting for the other; two requests are in
     flight only between that write and that read, on one connection. A job claimed
     ahead waits at most one batch (the batch size keeps that under ~10 ms); one that is

@@ -6,9 +6,9 @@ Interleavings are forced with hooks (a consumer or worker subclass, a handler ac
 precise moment), a paused server (SIGSTOP) or a forked consumer killed at a known point;
 claims take a fixed number of jobs (the runner's sizing needs a warm-up), so that a batch
 is sent ahead where the tests expect it. Every queue here has one lane, so jobs are
-claimed in the order they were added: with batches of 2, ``run()`` claims [j0], sends
-ahead the claim of [j1, j2], runs j0, writes the settle of j0 with the claim of [j3, j4],
-reads [j1, j2], runs j1 and j2, writes their settle with the claim of [j5, j6], reads
+claimed in the order they were added: with batches of 2, ``run()`` claims [j0], runs
+it, sends ahead the claim of [j1, j2], writes the settle of j0 with the claim of [j3, j4]
+behind it, reads [j1, j2], runs j1 and j2, writes their settle with the claim of [j5, j6], reads
 [j3, j4], and so on.
 """
 
