@@ -109,6 +109,8 @@ class Scheduler:
         self.cron_probe_at = 0.0
         self.cron_present = False
         self.limits_version: str | None = None  # the lane limits' version on the floor
+        # a floor unreachable when the supervisor started had its schema checked by nobody
+        self.schema_checked = False
         self.limits_restored = 0
 
     # --- the arbiter's interface ---------------------------------------------------
@@ -196,6 +198,11 @@ class Scheduler:
             self.limits_version = None
         self.fence = fence
         epoch = _text(epoch)
+        if self.has_floor and floor_work and not self.schema_checked:
+            # a schema behind this release (a migration not run) is a FloorSchemaError: the
+            # floor counts as down, with the hint to migrate, until it is at the head
+            self.floor.check_at_head()
+            self.schema_checked = True
         if self.has_floor and floor_work and (
                 not epoch or epoch.startswith(REHYDRATING) and epoch != self.rehydration):
             self.crontab.restore()  # Valkey lost its data: the crons come back first

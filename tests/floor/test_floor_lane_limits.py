@@ -229,3 +229,23 @@ def test_thousands_of_lane_limits_come_back_in_short_calls(
     _tick(sched2)
     assert client2.hlen(q.keys.limits) == 2500 and sched2.limits_restored == 2500
     assert pairs == [1000, 1000, 500]
+
+
+def test_a_floor_not_migrated_counts_as_down_with_the_hint_until_it_is(
+        empty_floor: Floor, redis_url: str, queue_name: str) -> None:
+    """A supervisor that started while its floor was unreachable never checked the schema:
+    its scheduler does, so a migration not run shows as the floor being down, saying to run
+    migrate, instead of failing on a missing table every beat."""
+    empty_floor.upgrade("0002_crons")
+    client = redis.Redis.from_url(redis_url)
+    q = echomq.Queue(queue_name, redis=client)
+    sched = _scheduler(queue_name, client, empty_floor)
+    _tick(sched)
+    assert not sched.floor_ok and "migrate" in sched.floor_error
+    assert "0002_crons" in sched.floor_error
+    q.set_lane_limit("a", max_active=1)
+    empty_floor.upgrade()
+    _tick(sched)
+    _tick(sched)
+    assert sched.floor_ok
+    assert empty_floor.lane_limit_rows(queue_name) == {"a": "1"}
