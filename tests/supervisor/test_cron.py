@@ -108,8 +108,14 @@ def test_occurrences_missed_while_no_scheduler_ran_are_admitted_once(
     before = _dues(q, "tick")
     # no scheduler for 9 s: longer than any leader hand-over (2 leases and some beats)
     wait_until(lambda: _server_ms(r) > stopped_at + 9 * SECOND, 20, "9 s without a scheduler")
-    supervisor(url, queue_name, *flags).started(1)
-    wait_until(lambda: len(_dues(q, "tick")) >= len(before) + 3, 15, "occurrences again")
+    second = supervisor(url, queue_name, *flags).started(1)
+    try:
+        wait_until(lambda: len(_dues(q, "tick")) >= len(before) + 3, 15, "occurrences again")
+    except AssertionError as exc:  # say what the scheduler did meanwhile
+        raise AssertionError(f"{exc}; leader {r.get(q.keys.leader)!r}, meta "
+                             f"{r.hgetall(q.keys.meta)!r}, server ms {_server_ms(r)}, "
+                             f"dues {_dues(q, 'tick')[-5:]}; supervisor log:\n"
+                             f"{second.log}") from None
     after = [d for d in _dues(q, "tick") if d > before[-1]]
     # the first admitted on return is the latest one missed; the 8+ before it are not
     assert after[0] >= stopped_at + 8 * SECOND, (before[-1], after)
