@@ -12,6 +12,9 @@ from echomq.errors import ConfigError
 DURABILITIES = ("volatile", "folded", "sync")
 DOORBELLS = ("list", "marker")  # what consumers park on: BLPOP wake, or BZPOPMIN marker
 
+# a lane's active count carries its blocked flag as + 10^9 (claim.lua): limits stay below
+MAX_LIMIT = 999_999_999
+
 
 @dataclass(frozen=True)
 class QueueSettings:
@@ -73,8 +76,8 @@ class QueueSettings:
              "job_timeout must be a number of seconds > 0 or None"),
             (self.lane_limit is None or (isinstance(self.lane_limit, int)
                                          and not isinstance(self.lane_limit, bool)
-                                         and 1 <= self.lane_limit <= 999_999_999),
-             "lane_limit must be an integer from 1 to 999,999,999 or None"),
+                                         and 1 <= self.lane_limit <= MAX_LIMIT),
+             f"lane_limit must be an integer from 1 to {MAX_LIMIT:,} or None"),
             (self.durability is None or self.durability in DURABILITIES,
              f"durability must be one of {', '.join(DURABILITIES)}"),
             (self.doorbell in DOORBELLS, f"doorbell must be one of {', '.join(DOORBELLS)}"),

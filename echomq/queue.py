@@ -15,7 +15,7 @@ import redis
 
 from echomq import cron, results, scripts
 from echomq.backoff import Backoff
-from echomq.config import QueueSettings
+from echomq.config import MAX_LIMIT, QueueSettings
 from echomq.connection import (
     DEFAULT_URL,
     client_from_url,
@@ -639,10 +639,6 @@ def _priority(priority: Any) -> str:
     if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
         raise ValueError(f"priority must be an integer from 0 to 9, got {priority!r}")
     return str(priority)
-
-
-# a lane's active count carries its blocked flag as + 10^9 (claim.lua): limits stay below
-MAX_LIMIT = 999_999_999
 
 
 def limit_value(max_active: int | None, rate: int | None, per_s: float | None) -> str:

@@ -259,14 +259,14 @@ class Scheduler:
     def _restore_limits(self, limits: dict[str, str]) -> None:
         """Put back the floor's lane limits Valkey lacks (after a data loss), unless the
         rehydration's mark is gone already (Valkey lost its data again: it starts over)."""
-        pairs = list(limits.items())
+        mark, pairs = self.rehydration, list(limits.items())
+        assert mark is not None
         restored = 0
         for start in range(0, len(pairs), BATCH):  # a call stays short with many lanes
-            assert self.rehydration is not None
             args = [x for pair in pairs[start:start + BATCH] for x in pair]
             restored += int(scripts.LIMITS_RESTORE(
                 self.client, [self.keys.epoch, self.keys.limits, self.keys.meta],
-                [self.rehydration, *args]))
+                [mark, *args]))
         self.limits_restored += restored
         if restored:
             event(log, "limits-restored", "queue %s: restored %d lane limit(s) from the floor",
