@@ -127,11 +127,16 @@ class Peers:
 
     def _versus(self, label: str, metric: str, best: tuple[str, float]) -> str:
         own = self.stat(label, "echomq", metric)
-        if own is None or not best[1] or not own["median"]:
+        if own is None:
             return "not measured"
+        mine, theirs = own["median"], best[1]
         if metric.endswith("rate"):
-            return f"{own['median'] / best[1]:.1f}× its rate"
-        return f"{best[1] / own['median']:.1f}× lower"
+            return f"{mine / theirs:.1f}× its rate" if theirs else "not comparable (its is 0)"
+        if not mine or not theirs:  # a ratio to zero says nothing: give both figures
+            return f"{mine:.2f} against its {theirs:.2f}"
+        if theirs >= mine:
+            return f"{theirs / mine:.1f}× lower"
+        return f"{mine / theirs:.1f}× higher"
 
 
 # --- EchoMQ's own benchmarks ------------------------------------------------------------------
