@@ -368,8 +368,8 @@ class ConcurrentDrain:
         """Hand back the jobs our claims leased that we do not hold (Lanes.release_unheld)."""
         if not self.lanes.claimer:
             return
-        held = {*(job_id for job_id, _ in self.in_flight), *(c.id for c, _ in self.buffer),
-                *(o.job_id for o in self.done), *(job_id for job_id, _ in self.handback)}
+        held = {*self.in_flight, *((c.id, c.token) for c, _ in self.buffer),
+                *((o.job_id, o.token) for o in self.done), *self.handback}
         raw = await self.aclient.lrange(self.lanes.keys.claims(self.lanes.claimer), 0, -1)
         unheld = unheld_claims(raw, held)
         if unheld:

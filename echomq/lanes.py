@@ -66,9 +66,13 @@ def record_lane_limit(client: redis.Redis, keys: Keys, max_active: int) -> None:
         scripts.set_limit(client, keys, "*", value)
 
 
-def unheld_claims(raw: Sequence[bytes | str], held: set[str]) -> list[tuple[str, str]]:
-    """The (id, token) pairs of a claims record (claim.lua: a flat id, token list) whose
-    jobs are not among ``held``, each with its newest token, in claim order."""
+def unheld_claims(raw: Sequence[bytes | str], held: set[tuple[str, str]]
+                  ) -> list[tuple[str, str]]:
+    """The (id, token) pairs of a claims record (claim.lua: a flat id, token list) for
+    each job's newest claim, in claim order, unless that very pair is ``held``. A job held
+    under an older token was claimed again unseen (its settle, a retry due at once, went
+    out with the claim that took it back, and the reply was never read): the newer claim
+    is not held."""
     def text(value: bytes | str) -> str:
         return value.decode() if isinstance(value, bytes) else value
 
@@ -76,8 +80,8 @@ def unheld_claims(raw: Sequence[bytes | str], held: set[str]) -> list[tuple[str,
     unheld = []
     for i in range(len(raw) - 2, -1, -2):  # newest first: an id's newest claim wins
         job_id = text(raw[i])
-        if job_id not in held and job_id not in seen:
-            unheld.append((job_id, text(raw[i + 1])))
+        if job_id not in seen and (job_id, token := text(raw[i + 1])) not in held:
+            unheld.append((job_id, token))
         seen.add(job_id)
     return unheld[::-1]
 
@@ -162,7 +166,7 @@ class Lanes:
         calls = self._settle_and_claim_calls(outcomes, count)
         return Ahead(ahead.in_flight.then(calls), list(outcomes))
 
-    def release_unheld(self, held: set[str]) -> int:
+    def release_unheld(self, held: set[tuple[str, str]]) -> int:
         """Hand back, uncharged, the jobs this consumer's claims leased that it does not
         hold (a claim whose reply was lost: the server ran it, the consumer saw an error).
         Call only with no claim under way. Returns how many went back."""

@@ -431,7 +431,10 @@ class Arbiter:
         child.sock.close()
         slot.child = None
         settled_some = child.holdings.dropped() > 0  # got work done: not a crash loop
-        released, stalled = self._release_child(rt, child)
+        released, stalled, landed = self._release_child(rt, child)
+        # a settle written behind a claim lands before its reply is read: the child died
+        # with the reply unread, but the server recorded those outcomes
+        settled_some = settled_some or landed > 0
         if child.state == "busy" and not released:
             # it was told to claim and left without saying it found nothing (a recycle, a
             # crash): the work it was woken for goes to a sibling (releases poke on their own)
@@ -472,14 +475,16 @@ class Arbiter:
                   queue=child.queue, delay_s=delay, count=slot.crashes)
 
     def _release_child(self, rt: QueueRuntime, child: Child, drained: bool = False
-                       ) -> tuple[int, list[str]]:
+                       ) -> tuple[int, list[str], int]:
         """Hand back every job a dead child held, each charged for what it was doing;
         jobs killed for their time limit fail instead. ``drained``: the supervisor ended
         it at the drain deadline, so every running job ran past it and counts a stall.
-        Returns how many were held, and the ids of those charged a stall."""
+        Returns how many were held, the ids of those charged a stall, and how many matched
+        no token: no longer the child's (a settle it wrote landed, its reply unread; or,
+        rarely, a hand-back or a reap did)."""
         held = child.holdings.entries()
         child.holdings.close()
-        self._release_unheld(rt, child, {h.job_id for h in held})
+        self._release_unheld(rt, child, {h.pair for h in held})
         timed_out = [h for h in held if h.job_id in child.timed_out]
         rest = [h for h in held if h.job_id not in child.timed_out]
         if timed_out:
@@ -487,11 +492,15 @@ class Arbiter:
         running = sum(1 for h in rest if h.state == RUNNING)
         modes = UNCHARGED if child.timed_out else (
             SUSPECT_MODES if running > 1 and not drained else RELEASE_MODES)
+        landed = 0
         for mode, run in runs_by_mode(rest, modes):
-            self._release(rt, [h.pair for h in run], mode)
-        return len(held), [h.job_id for h in rest if modes[h.state] == "stall"]
+            counts = self._release(rt, [h.pair for h in run], mode)
+            if counts is not None:
+                landed += len(run) - sum(counts)
+        return len(held), [h.job_id for h in rest if modes[h.state] == "stall"], landed
 
-    def _release_unheld(self, rt: QueueRuntime, child: Child, held: set[str]) -> None:
+    def _release_unheld(self, rt: QueueRuntime, child: Child, held: set[tuple[str, str]]
+                        ) -> None:
         """Hand back, uncharged, the jobs the child's claims leased that it never held (it
         died before it read a claim's reply): its claims' record names them. Jobs it
         settled or handed back meanwhile no longer match their tokens and stay as they are.
@@ -499,7 +508,8 @@ class Arbiter:
         if child.claimer:
             self._release_claims(rt, child.claimer, held)
 
-    def _release_claims(self, rt: QueueRuntime, claimer: str, held: set[str]) -> bool:
+    def _release_claims(self, rt: QueueRuntime, claimer: str, held: set[tuple[str, str]]
+                        ) -> bool:
         """Read a dead consumer's claims record, hand back what it did not hold, and only
         then drop the record: a read whose reply was lost (the server ran it) is read
         again, and a release that ran twice matches no token the second time."""
@@ -512,7 +522,7 @@ class Arbiter:
             rt.unreleased.append(("claims", claimer, held))
             return False
         unheld = unheld_claims(raw, held)
-        if unheld and not self._release(rt, unheld, "unstarted", quiet=True):
+        if unheld and self._release(rt, unheld, "unstarted", quiet=True) is None:
             return False  # kept as jobs: their leases are extended until it answers
         try:
             self.client.delete(key)
@@ -525,7 +535,7 @@ class Arbiter:
         pending, rt.unreleased = rt.unreleased, []
         for i, (kind, what, detail) in enumerate(pending):
             done = (self._release_claims(rt, what, detail) if kind == "claims"
-                    else self._release(rt, what, detail))
+                    else self._release(rt, what, detail) is not None)
             if not done:  # kept again (appended): keep the rest too, in their order
                 rt.unreleased.extend(pending[i + 1:])
                 return
@@ -549,23 +559,24 @@ class Arbiter:
                         "expire", rt.spec.name, len(held), exc)
 
     def _release(self, rt: QueueRuntime, held: list[tuple[str, str]], mode: str,
-                 quiet: bool = False) -> bool:
+                 quiet: bool = False) -> tuple[int, int] | None:
         """Hand jobs back (reap.lua's modes); ``quiet``: say nothing when none went back.
-        False when the server could not take them: kept, and retried when it answers."""
+        Returns (requeued, buried); None when the server could not take them: kept, and
+        retried when it answers."""
         try:
             requeued, buried = scripts.release(self.client, rt.metronome.keys, held, mode)
         except UNAVAILABLE_ERRORS as exc:
             log.warning("queue %s: could not release %d job(s) (%s); kept until the server "
                         "answers", rt.spec.name, len(held), exc)
             rt.unreleased.append(("jobs", held, mode))
-            return False
+            return None
         if requeued:
             rt.work_seen = time.monotonic()
             self._poke_idle(rt)
         if not (quiet and not requeued + buried):
             event(log, "release", "queue %s: requeued %d, buried %d (mode %s)", rt.spec.name,
                   requeued, buried, mode, queue=rt.spec.name, count=requeued + buried)
-        return True
+        return requeued, buried
 
     def _slot_of(self, child: Child) -> Slot:
         return self.queues[child.queue].slots[child.slot]
@@ -837,7 +848,7 @@ class Arbiter:
                         pipe.lrange(key, 0, -1)
                         pipe.pexpire(key, 10 * rt.settings.lease_ms)
                         raw, _ = pipe.execute()
-                        held += unheld_claims(raw, {h.job_id for h in entries})
+                        held += unheld_claims(raw, {h.pair for h in entries})
                 held += [pair for kind, pairs, _ in rt.unreleased if kind == "jobs"
                          for pair in pairs]
                 if held:

@@ -111,3 +111,52 @@ def test_unheld_claims_go_back_uncharged_when_the_reply_to_reading_the_record_is
         rt.metronome.doorbell.reset()
         arbiter.client.close()
         relay.close()
+
+
+def test_a_job_claimed_again_unseen_under_a_newer_token_goes_back_uncharged(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    """A consumer held X under its first token; X's settle (a failure, retried at once)
+    landed, a promote put it back, and a claim of the same consumer took it again under
+    a second token; the consumer died with both replies unread. The supervisor releases
+    the held pair (no longer matching: it landed) and the record's newer claim, which the
+    consumer never saw, goes back uncharged instead of waiting out its lease."""
+    from echomq.supervisor.children import Child
+    from echomq.supervisor.holdings import Holdings
+    from echomq.supervisor.protocol import LineReader
+
+    from echomq import scripts
+    from echomq.lanes import Outcome
+
+    r = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue_name, redis=r, max_attempts=5)
+    [job_id] = q.add_many([("x", {})])
+    lanes = Lanes(r, q.keys, q.settings)
+    lanes.claimer = "deadbeef"
+    [first] = lanes.claim(1)
+    assert lanes.settle([Outcome(job_id, first.token, "f", "boom", 0)])
+    assert scripts.promote(r, q.keys, 100)[0] == 1
+    [second] = lanes.claim(1)
+    assert second.id == job_id and second.token != first.token
+    settings = Settings(redis_url=private_redis.url, queues=(
+        QueueSpec(queue_name, "echomq.supervisor.drill_handler:handle"),))
+    arbiter = Arbiter(settings)
+    rt = arbiter.queues[queue_name]
+    ours, theirs = socket.socketpair()
+    holdings = Holdings(4)
+    holdings.hold([(job_id, first.token)])
+    holdings.start(job_id)
+    holdings.finish(job_id)
+    child = Child(queue=queue_name, slot=0, pid=0, sock=ours, reader=LineReader(ours.fileno()),
+                  holdings=holdings, claimer="deadbeef", state="busy")
+    try:
+        held, stalled, landed = arbiter._release_child(rt, child)
+        assert (held, stalled, landed) == (1, [], 1)
+        job = q.get(job_id)
+        assert job is not None
+        assert (job.state, job.attempts, job.stalls) == ("waiting", 1, 0), (
+            f"the claim the consumer never saw stays leased until it expires: {job}")
+    finally:
+        ours.close()
+        theirs.close()
+        rt.metronome.doorbell.reset()
+        arbiter.client.close()

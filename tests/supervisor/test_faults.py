@@ -249,7 +249,9 @@ def test_a_consumer_that_cannot_boot_stops_the_supervisor(redis_url: str,
 def test_a_handler_that_crashes_now_and_then_is_not_a_crash_loop(
         supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
     """Every fourth job takes its process down once; the processes between settled work,
-    so each respawn is immediate (a crash loop is a process that gets nothing done)."""
+    so each respawn is immediate (a crash loop is a process that gets nothing done). A
+    settle goes out behind the next claim, so a process can die before it reads that its
+    settle landed: the supervisor counts what the server recorded."""
     q = echomq.Queue(queue_name, redis_url=redis_url, max_stalls=10)
     ids = q.add_many([("x", {"exit_first": 1} if i % 4 == 3 else {}, {"lane": "one"})
                       for i in range(24)])
