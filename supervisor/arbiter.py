@@ -84,8 +84,9 @@ class QueueRuntime:
     scheduler: Any = None
     children_by_fd: dict[int, Child] = field(default_factory=dict)
     # hand-backs of dead children's jobs the server did not take (it was unreachable):
-    # ("claims", claimer name, {(id, token) held}) or ("jobs", [(id, token)], mode); retried before
-    # the reap can charge their expired leases a stall, their leases extended meanwhile
+    # ("claims", claimer name, {(id, token) held}) or ("jobs", [(id, token)], mode);
+    # retried before the reap can charge their expired leases a stall, their leases
+    # extended meanwhile
     unreleased: list[tuple[str, Any, Any]] = field(default_factory=list)
 
     @property

@@ -130,10 +130,10 @@ class Peers:
         if own is None:
             return "not measured"
         mine, theirs = own["median"], best[1]
-        if metric.endswith("rate"):
-            return f"{mine / theirs:.1f}× its rate" if theirs else "not comparable (its is 0)"
         if not mine or not theirs:  # a ratio to zero says nothing: give both figures
             return f"{mine:.2f} against its {theirs:.2f}"
+        if metric.endswith("rate"):
+            return f"{mine / theirs:.1f}× its rate"
         if theirs >= mine:
             return f"{theirs / mine:.1f}× lower"
         return f"{mine / theirs:.1f}× higher"
