@@ -39,11 +39,10 @@ import redis
 import redis.asyncio
 import redis.exceptions
 
-from echomq import cron, results, scripts
+from echomq import cron, pools, results, scripts
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.connection import (
-    DEFAULT_URL,
     AsyncRefusalParser,
     async_cluster_from_url,
     async_node_of,
@@ -117,7 +116,7 @@ class Queue:
             self.redis = redis
             self.where = _describe(redis)
         else:
-            url = redis_url or DEFAULT_URL
+            url = redis_url or pools.default_url()
             self.redis = client_from_url(url)
             self.where = redact_url(url)
         self.cluster = is_async_cluster(self.redis)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from echomq import scripts
+from echomq import pools, scripts
 from echomq.connection import Client, connect, describe, slot_of, translated
 from echomq.queue import Queue
 
@@ -20,7 +20,7 @@ def add_many(jobs_by_queue: Mapping[str, Iterable[Sequence[Any] | Mapping[str, A
     slot; the calls are ordered by slot and sent in one pipeline, which a cluster
     client splits into one batch per node. Nothing here spans two slots.
     """
-    client = redis if redis is not None else connect(redis_url)
+    client = redis if redis is not None else connect(redis_url or pools.default_url())
     queues = {name: Queue(name, redis=client, **settings) for name in jobs_by_queue}
     planned = {name: queues[name].specs(jobs) for name, jobs in jobs_by_queue.items()}
     specs = {name: plan[0] for name, plan in planned.items()}

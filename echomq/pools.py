@@ -1,4 +1,6 @@
-"""Where tasks admit: ``echomq.configure(redis_url=...)`` or ``ECHOMQ_REDIS_URL``.
+"""The process's default server: ``echomq.configure(redis_url=...)``, else
+``ECHOMQ_REDIS_URL``, else the local default. ``Queue``, ``aio.Queue``,
+``add_many``, tasks and their results use it when given no URL of their own.
 
 One client (one connection pool) per URL per process. A forked child never
 reuses its parent's sockets: the tables are emptied in the child right after
@@ -37,7 +39,9 @@ _aio_queues: weakref.WeakKeyDictionary[_Loop, dict[tuple[str, str], aio.Queue]] 
 
 
 def configure(*, redis_url: str | None = None) -> None:
-    """Set the URL that tasks without their own ``redis_url`` admit to (None: env/default)."""
+    """Set this process's default server: where ``Queue``, ``aio.Queue``, tasks and results
+    given no ``redis_url`` of their own connect (None: ``ECHOMQ_REDIS_URL``, else the local
+    default). Queues made before the call keep the server they were made with."""
     global _configured_url
     _configured_url = redis_url
     _forget()

@@ -13,11 +13,10 @@ from typing import Any
 
 import redis
 
-from echomq import cron, results, scripts
+from echomq import cron, pools, results, scripts
 from echomq.backoff import Backoff
 from echomq.config import MAX_LIMIT, QueueSettings
 from echomq.connection import (
-    DEFAULT_URL,
     client_from_url,
     describe,
     is_cluster,
@@ -80,7 +79,7 @@ class Queue:
             self.redis = redis
             self.where = describe(redis)
         else:
-            url = redis_url or DEFAULT_URL
+            url = redis_url or pools.default_url()
             self.redis = client_from_url(url)
             self.where = redact_url(url)
         self._registered = False

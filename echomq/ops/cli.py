@@ -28,7 +28,7 @@ from typing import Any
 
 import redis.exceptions
 
-from echomq.connection import DEFAULT_URL, client_from_url, redact_url
+from echomq.connection import DEFAULT_URL, client_from_url, describe, redact_url
 from echomq.errors import ConfigError, ConnectionFailed, EchoMQError, InvalidName
 from echomq.job import STATES
 from echomq.ops.views import job_record, queue_exists, summary
@@ -117,7 +117,7 @@ def _short(value: Any, width: int = 48) -> str:
 def _queue(client: Any, name: str, must_exist: bool = True) -> Queue:
     q = Queue(name, redis=client)
     if must_exist and not queue_exists(q):
-        raise Refused(f"unknown queue {name!r} (nothing of it on this server)")
+        raise Refused(f"unknown queue {name!r} (nothing of it on {describe(client)})")
     return q
 
 
