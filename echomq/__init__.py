@@ -14,6 +14,7 @@ from echomq.config import QueueSettings
 from echomq.consumer import Consumer
 from echomq.control import Fail, Retry
 from echomq.cron import Cron
+from echomq.current import current_job
 from echomq.errors import (
     ConfigError,
     ConnectionFailed,
@@ -70,5 +71,6 @@ __all__ = [
     "add_many",
     "aio",
     "configure",
+    "current_job",
     "task",
 ]

@@ -20,7 +20,7 @@ from concurrent.futures import Executor
 from time import perf_counter
 from typing import Any, Protocol
 
-from echomq import loops
+from echomq import current, loops
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.control import Fail, Retry
@@ -106,6 +106,7 @@ class Runner:
             self._observe(claimed, prepared, start)  # type: ignore[arg-type]
             return prepared  # type: ignore[return-value]
         job, fn = prepared  # type: ignore[misc]
+        entered = current.enter(job)
         try:
             if claimed.trace:  # a producer that was tracing: run in a span linked to it
                 with handler_span(self.queue, job.name, job.id, claimed.trace):
@@ -119,6 +120,8 @@ class Runner:
             outcome = self.failed(claimed, exc, self.timeout_of(claimed))
         else:
             outcome = self.completed(claimed, result)
+        finally:
+            current.leave(entered)
         self._observe(claimed, outcome, start)
         return outcome
 
@@ -135,11 +138,12 @@ class Runner:
         timeout = self.timeout_of(claimed)
         loop = asyncio.get_running_loop()
         start = perf_counter()
+        entered = current.enter(job)  # this job's own task: its context is the job's alone
         try:
             if is_async(fn):
                 result = await _bounded(fn(job), timeout)
             else:
-                result = await loop.run_in_executor(threads, fn, job)
+                result = await loop.run_in_executor(threads, current.call_in_job, fn, job)
                 if inspect.isawaitable(result):
                     result = await _bounded(result, timeout)
         except asyncio.CancelledError as exc:
@@ -156,6 +160,8 @@ class Runner:
             outcome = self.failed(claimed, exc, timeout)
         else:
             outcome = self.completed(claimed, result)
+        finally:
+            current.leave(entered)
         self._observe(claimed, outcome, start)
         return outcome
 
