@@ -20,7 +20,7 @@ from concurrent.futures import Executor
 from time import perf_counter
 from typing import Any, Protocol
 
-from echomq import current, loops
+from echomq import current, failures, loops
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.control import Fail, Retry
@@ -173,6 +173,7 @@ class Runner:
 
     def failed(self, claimed: Claimed, exc: BaseException, timeout: float | None) -> Outcome:
         """Retry (by backoff, or after Retry's delay), or dead at once for Fail."""
+        failures.note(self.queue, claimed, exc)
         if isinstance(exc, JobTimedOut):
             return Outcome(claimed.id, claimed.token, "f", timed_out_text(timeout or 0),
                            self.retry_ms(claimed))

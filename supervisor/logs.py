@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 EVENT_FIELDS = ("event", "queue", "pid", "job_id", "exit", "signal", "delay_s", "count",
-                "stalled")
+                "stalled", "job_name", "lane", "attempt", "max_attempts")
 
 
 class JsonFormatter(logging.Formatter):
