@@ -30,8 +30,34 @@ from echomq.ops.access import TOKEN_ENV as DASHBOARD_TOKEN_ENV
 EXIT_USAGE = 2
 
 
+# what --help shows as the default where Settings' own default does not say it
+SHOWN_DEFAULTS = {
+    "queue": "every queue the --tasks name",
+    "handler": "none",
+    "tasks": "none",
+    "processes": "1",
+    "floor_url": "none: Valkey alone",
+    "durability": "folded with a floor, else volatile",
+    "health_port": "none: no HTTP server",
+    "config": "none",
+}
+
+
+def _shown_default(name: str) -> str:
+    if name in SHOWN_DEFAULTS:
+        return SHOWN_DEFAULTS[name]
+    value = Settings.__dataclass_fields__[name].default
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def _env_help(name: str) -> str:
-    return f"(env {ENV_VARS[name]})"
+    return f"(default: {_shown_default(name)}; env {ENV_VARS[name]})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     start = sub.add_parser("start", help="run consumers for one or more queues")
     start.add_argument("--redis-url", help=f"Valkey/Redis URL {_env_help('redis_url')}")
-    start.add_argument("--queue", action="append", help="queue name; repeat for several "
-                       f"{_env_help('queue')}, comma-separated")
+    start.add_argument("--queue", action="append", help="queue name; repeat or comma-separate "
+                       f"for several {_env_help('queue')}")
     start.add_argument("--handler", action="append", help="MODULE:CALLABLE, one per queue or "
                        f"one for all {_env_help('handler')}")
     start.add_argument("--tasks", action="append", help="MODULE[,MODULE] of @echomq.task "
@@ -98,16 +124,21 @@ def build_parser() -> argparse.ArgumentParser:
                        f"{_env_help('dashboard_actions')}")
 
     migrate = sub.add_parser("migrate", help="upgrade the floor's schema to head")
-    migrate.add_argument("--floor-url", help=f"SQL floor URL {_env_help('floor_url')}")
-    migrate.add_argument("--revision", default="head")
+    migrate.add_argument("--floor-url", help="SQL floor URL, required; a relative sqlite:/// "
+                         f"path is from the working directory (env {ENV_VARS['floor_url']})")
+    migrate.add_argument("--revision", default="head",
+                         help="the revision to migrate to (default: %(default)s)")
 
     drill = sub.add_parser("drill", help="run a crash-recovery drill on a private server")
     drill.add_argument("scenario")
-    drill.add_argument("--jobs", type=int, default=500)
-    drill.add_argument("--processes", type=int, default=4)
-    drill.add_argument("--floor-url")
-    drill.add_argument("--report", choices=("table", "json"), default="table")
-    drill.add_argument("--doorbell", choices=("list", "marker"), default="list")
+    drill.add_argument("--jobs", type=int, default=500, help="default: %(default)s")
+    drill.add_argument("--processes", type=int, default=4, help="default: %(default)s")
+    drill.add_argument("--floor-url", help="default: a SQLite floor in a temporary directory; "
+                       "env ECHOMQ_FLOOR_URL")
+    drill.add_argument("--report", choices=("table", "json"), default="table",
+                       help="default: %(default)s")
+    drill.add_argument("--doorbell", choices=("list", "marker"), default="list",
+                       help="default: %(default)s")
     return parser
 
 
@@ -287,14 +318,16 @@ def _open_floor(url: str) -> Any:
     floor = Floor.from_url(url, busy_timeout_ms=300, connect_timeout_s=2,
                            statement_timeout_ms=5000, lock_timeout_ms=2000,
                            tcp_user_timeout_ms=10_000)
+    import logging
+
+    # a relative sqlite:/// path is shown resolved: which file this supervisor uses
+    logs.event(logging.getLogger("echomq.supervisor"), "floor", "floor %s", floor.url_redacted)
     try:
         floor.check_at_head()
     except FloorSchemaError:
         raise
     except FloorError as exc:
         # the queue runs on Valkey alone until the floor answers; the scheduler catches up
-        import logging
-
         logging.getLogger("echomq.supervisor").warning(
             "floor %s unreachable at start (%s); continuing on Valkey alone",
             floor.url_redacted, exc)

@@ -4,6 +4,7 @@ that names the module."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ def import_handler(spec: str, *, reload: bool = False) -> Callable[..., Any]:
     except Exception as exc:  # any error while importing user code is reported, not raised raw
         raise HandlerNotFound(
             f"cannot import handler module {module_name!r} (from {spec!r}): "
-            f"{type(exc).__name__}: {exc}"
+            f"{type(exc).__name__}: {exc}{_search_hint(module_name, exc)}"
         ) from exc
     target: Any = module
     for part in attr.split("."):
@@ -53,8 +54,21 @@ def import_task_modules(modules: Iterable[str], *, reload: bool = False) -> None
                 importlib.import_module(name)
         except Exception as exc:  # any error while importing user code is reported, not raised
             raise HandlerNotFound(
-                f"cannot import task module {name!r} (from --tasks): {type(exc).__name__}: {exc}"
+                f"cannot import task module {name!r} (from --tasks): {type(exc).__name__}: "
+                f"{exc}{_search_hint(name, exc)}"
             ) from exc
+
+
+def _search_hint(module_name: str, exc: BaseException) -> str:
+    """Where the module was looked for, when it (or its package) was not found at all."""
+    missing = getattr(exc, "name", None)
+    if not isinstance(exc, ModuleNotFoundError) or not missing or not (
+            module_name == missing or module_name.startswith(missing + ".")):
+        return ""
+    path = os.environ.get("PYTHONPATH")
+    return (f"; handler and task modules are imported from installed packages, PYTHONPATH "
+            f"({path if path else 'not set'}) and the working directory ({os.getcwd()}): "
+            "start in the directory that holds the module, or add it to PYTHONPATH")
 
 
 class TaskHandlers(dict[str, Callable[[Job], Any]]):

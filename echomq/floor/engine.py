@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from sqlalchemy import create_engine, event
@@ -41,7 +42,8 @@ def normalize_url(url: str) -> URL:
     """Parse a floor URL, choosing psycopg 3 for PostgreSQL.
 
     Accepts ``sqlite:///path`` and ``postgresql://`` / ``postgres://`` (with or
-    without an explicit ``+driver``); anything else is a :class:`FloorError`.
+    without an explicit ``+driver``); anything else is a :class:`FloorError`. A
+    relative SQLite path is made absolute from the working directory.
     """
     text = str(url).strip()
     if text.startswith("postgres://"):
@@ -54,6 +56,11 @@ def normalize_url(url: str) -> URL:
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     backend = parsed.get_backend_name()
+    database = parsed.database
+    if (backend == "sqlite" and database and database != ":memory:"
+            and not database.startswith("file:") and not os.path.isabs(database)):
+        # two processes started in different directories must not open two floors
+        parsed = parsed.set(database=os.path.abspath(database))
     if backend not in ("sqlite", "postgresql"):
         raise FloorError(
             f"unsupported floor URL {redact_url(text)!r}: expected sqlite:///PATH or "

@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The `echomq` argument parser: global `--redis-url` and `--json`, one subcommand each."""
     parser = argparse.ArgumentParser(prog="echomq", description="Look into and operate "
                                      "EchoMQ queues.")
-    parser.add_argument("--redis-url", help="Valkey/Redis URL (env ECHOMQ_REDIS_URL)")
+    parser.add_argument("--redis-url", help=f"Valkey/Redis URL (default: {DEFAULT_URL}; env "
+                        "ECHOMQ_REDIS_URL)")
     parser.add_argument("--json", action="store_true", help="JSON output")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("jobs", "list jobs in a state, oldest first")
     p.add_argument("queue")
     p.add_argument("--state", required=True, choices=STATES)
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=int, default=20, help="at most this many (default: %(default)s)")
     p.add_argument("--cursor", default="", help="the next_cursor of a previous listing")
     p = command("show", "one job in full")
     p.add_argument("queue")
@@ -80,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("crons", "the queue's crons: schedule, job, last and next occurrence"
             ).add_argument("queue")
     p = command("dashboard", "serve the web page")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8081)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8081, help="port (default: %(default)s)")
     p.add_argument("--allow-actions", action="store_true",
                    help="offer retry/cancel/pause/resume to holders of the token in "
                    "ECHOMQ_DASHBOARD_TOKEN, which must be set (read-only without)")

@@ -31,7 +31,8 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
 
 class Supervisor:
     def __init__(self, redis_url: str, queue: str, *args: str,
-                 env: dict[str, str] | None = None, flags: bool = True) -> None:
+                 env: dict[str, str] | None = None, flags: bool = True,
+                 cwd: Path | None = None) -> None:
         self.lines: list[str] = []
         self.cond = threading.Condition()
         full_env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
@@ -42,7 +43,7 @@ class Supervisor:
             if "--handler" not in args:
                 cmd += ["--handler", "sup_jobs:record"]
         cmd += list(args)
-        self.proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(cmd, env=full_env, cwd=cwd or ROOT, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
