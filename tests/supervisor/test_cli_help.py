@@ -97,3 +97,12 @@ def test_a_relative_sqlite_floor_is_resolved_by_migrate_and_start(
     sup.wait_for_log(rf"floor {re.escape(absolute)}$")
     sup.started(1)
     assert "unreachable" not in sup.log and "migrate" not in sup.log
+
+
+def test_an_unknown_queue_names_the_server_asked(redis_url: str, queue_name: str) -> None:
+    """ECHOMQ_REDIS_URL alone picks the server; a queue not on it says which server that was."""
+    env = {**os.environ, "ECHOMQ_REDIS_URL": redis_url}
+    res = _run("echomq", "stats", queue_name, env=env)
+    assert res.returncode == 1, res.stderr
+    host_port = redis_url.split("://", 1)[1].rsplit("@", 1)[-1].split("/", 1)[0]
+    assert f"unknown queue {queue_name!r}" in res.stderr and host_port in res.stderr, res.stderr
