@@ -12,29 +12,20 @@ from typing import Any
 
 from echomq.job import Job
 
-_current: ContextVar[Job | None] = ContextVar("echomq_current_job", default=None)
+# set and reset by the runner around each handler call (directly: it is on every job's path)
+CURRENT: ContextVar[Job | None] = ContextVar("echomq_current_job", default=None)
 
 
 def current_job() -> Job | None:
     """The :class:`Job` whose handler is running here (its id, attempts, lane,
     ``progress``); None outside a job."""
-    return _current.get()
-
-
-def enter(job: Job) -> Any:
-    """Make ``job`` the current one; returns the token :func:`leave` takes."""
-    return _current.set(job)
-
-
-def leave(token: Any) -> None:
-    """Restore what was current before :func:`enter`."""
-    _current.reset(token)
+    return CURRENT.get()
 
 
 def call_in_job(fn: Callable[[Job], Any], job: Job) -> Any:
     """``fn(job)`` with ``job`` current (for a sync handler in a pool thread)."""
-    token = _current.set(job)
+    token = CURRENT.set(job)
     try:
         return fn(job)
     finally:
-        _current.reset(token)
+        CURRENT.reset(token)

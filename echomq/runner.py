@@ -20,10 +20,11 @@ from concurrent.futures import Executor
 from time import perf_counter
 from typing import Any, Protocol
 
-from echomq import current, failures, loops
+from echomq import failures, loops
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.control import Fail, Retry
+from echomq.current import CURRENT, call_in_job
 from echomq.errors import CorruptJob
 from echomq.job import Claimed, Job
 from echomq.lanes import Outcome
@@ -106,7 +107,7 @@ class Runner:
             self._observe(claimed, prepared, start)  # type: ignore[arg-type]
             return prepared  # type: ignore[return-value]
         job, fn = prepared  # type: ignore[misc]
-        entered = current.enter(job)
+        entered = CURRENT.set(job)
         try:
             if claimed.trace:  # a producer that was tracing: run in a span linked to it
                 with handler_span(self.queue, job.name, job.id, claimed.trace):
@@ -121,7 +122,7 @@ class Runner:
         else:
             outcome = self.completed(claimed, result)
         finally:
-            current.leave(entered)
+            CURRENT.reset(entered)
         self._observe(claimed, outcome, start)
         return outcome
 
@@ -138,12 +139,12 @@ class Runner:
         timeout = self.timeout_of(claimed)
         loop = asyncio.get_running_loop()
         start = perf_counter()
-        entered = current.enter(job)  # this job's own task: its context is the job's alone
+        entered = CURRENT.set(job)  # this job's own task: its context is the job's alone
         try:
             if is_async(fn):
                 result = await _bounded(fn(job), timeout)
             else:
-                result = await loop.run_in_executor(threads, current.call_in_job, fn, job)
+                result = await loop.run_in_executor(threads, call_in_job, fn, job)
                 if inspect.isawaitable(result):
                     result = await _bounded(result, timeout)
         except asyncio.CancelledError as exc:
@@ -161,7 +162,7 @@ class Runner:
         else:
             outcome = self.completed(claimed, result)
         finally:
-            current.leave(entered)
+            CURRENT.reset(entered)
         self._observe(claimed, outcome, start)
         return outcome
 
