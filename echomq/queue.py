@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from echomq import cron, results, scripts
-from echomq.backoff import Backoff
+from echomq.backoff import MAX_DELAY_S, Backoff
 from echomq.config import MAX_LIMIT, QueueSettings
 from echomq.connection import (
     DEFAULT_URL,
@@ -44,7 +44,6 @@ REPLICA_WAIT_MS = 1000  # durability "sync": how long an admit waits for a repli
 # Due times are stored as integer ms text; past 10**14 Lua would write them as floats
 # ("1e+14"), so schedules end well before that: year 5000, or 100 years from now.
 MAX_DUE_MS = 95_617_584_000_000  # 5000-01-01T00:00:00Z
-MAX_DELAY_S = 100 * 365.25 * 86_400
 PURGE_BATCH = 1000  # jobs per purge call: one call stays short
 PURGEABLE = ("completed", "dead", "cancelled")
 

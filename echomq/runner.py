@@ -21,7 +21,7 @@ from time import perf_counter
 from typing import Any, Protocol
 
 from echomq import loops
-from echomq.backoff import Backoff
+from echomq.backoff import Backoff, delay_ms
 from echomq.config import QueueSettings
 from echomq.control import Fail, Retry
 from echomq.errors import CorruptJob
@@ -174,7 +174,7 @@ class Runner:
         if isinstance(exc, Fail):
             return Outcome(claimed.id, claimed.token, "d", text)
         if isinstance(exc, Retry):
-            return Outcome(claimed.id, claimed.token, "f", text, int(exc.delay * 1000))
+            return Outcome(claimed.id, claimed.token, "f", text, delay_ms(exc.delay))
         return Outcome(claimed.id, claimed.token, "f", text, self.retry_ms(claimed))
 
     def retry_ms(self, claimed: Claimed) -> int:
@@ -225,9 +225,9 @@ class Runner:
 def retry_ms_of(settings: QueueSettings, attempts: int, backoff_text: str,
                 rng: random.Random | None = None) -> int:
     """Milliseconds before the retry of failed attempt ``attempts``: the job's own backoff
-    (its encoded text) or the queue's."""
+    (its encoded text, when valid) or the queue's; whole ms, at most 100 years."""
     backoff = Backoff.decode(backoff_text) if backoff_text else None
-    return int((backoff or settings.backoff).delay(attempts, rng) * 1000)
+    return delay_ms((backoff or settings.backoff).delay(attempts, rng))
 
 
 def is_async(fn: Any) -> bool:

@@ -1,0 +1,108 @@
+"""Values the consumer cannot take: refused at admit, or the failure of their job at run time.
+
+A payload nested deeper than the depth limit is refused like an oversized one; one that
+reaches a job hash anyway (written by another producer) fails its job dead with the
+cause, as does anything else a payload, a handler or its result throws. Retry delays and
+backoffs of any size give a bounded retry, never an exception out of the consumer.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from echomq.config import QueueSettings
+from echomq.keys import Keys
+from echomq.runner import retry_ms_of
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+def _keys_of(r: redis.Redis, queue: str) -> list[bytes]:
+    return sorted(r.scan_iter(match=f"{Keys(queue).prefix}*"))
+
+
+def _hash(r: redis.Redis, queue: str, job_id: str) -> dict[str, str]:
+    raw = r.hgetall(Keys(queue).job(job_id))
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+# --- retry delays of any size ------------------------------------------------------------
+
+@pytest.mark.parametrize("delay", [1e306, 4e9, float("inf"), float("nan"), -1])
+def test_retry_refuses_a_delay_it_cannot_keep(delay: float) -> None:
+    with pytest.raises(ValueError, match="Retry delay"):
+        echomq.Retry(delay=delay)
+
+
+@pytest.mark.parametrize("field", ["base", "factor", "max", "jitter"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_backoff_refuses_values_that_are_not_finite(field: str, value: float) -> None:
+    with pytest.raises(echomq.ConfigError, match="backoff"):
+        echomq.Backoff(**{field: value})
+
+
+def test_a_computed_retry_delay_is_whole_ms_at_most_100_years() -> None:
+    from echomq.backoff import MAX_DELAY_MS, delay_ms
+
+    assert MAX_DELAY_MS == 100 * 365.25 * 86_400_000
+    assert delay_ms(1.5) == 1500
+    assert delay_ms(1e306) == MAX_DELAY_MS
+    assert delay_ms(float("inf")) == MAX_DELAY_MS
+    assert delay_ms(float("nan")) == 0 and delay_ms(-3) == 0
+    settings = QueueSettings()
+    rng = random.Random(1)
+    # factor ** attempt past what a float holds: the backoff's max, not an OverflowError
+    assert retry_ms_of(settings, 5000, echomq.Backoff(0.5, 2, 60, 0).encode(), rng) == 60_000
+    assert retry_ms_of(settings, 5000, echomq.Backoff(0, 2, 60, 0).encode(), rng) == 0
+    huge = echomq.Backoff(1, 10, 1e300, 0.2)
+    ms = retry_ms_of(settings, 400, huge.encode(), rng)
+    assert ms == MAX_DELAY_MS and isinstance(ms, int)
+    # a hash written by another producer with a backoff no constructor takes: the queue's
+    assert retry_ms_of(settings, 1, "1:2:inf:0", rng) == pytest.approx(1000, rel=0.21)
+    assert retry_ms_of(settings, 1, "nan:2:60:0", rng) == pytest.approx(1000, rel=0.21)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_retry_or_backoff_past_any_bound_is_a_retry_not_a_crash(
+        redis_url: str, queue_name: str, r: redis.Redis, concurrency: int) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    assert q.pause()
+    huge = q.add("huge_retry", None, max_attempts=1)
+    many = q.add("fails", None, max_attempts=10_000,
+                 backoff=echomq.Backoff(base=0.5, factor=2, max=7, jitter=0))
+    r.hset(q.keys.job(many), "attempts", 4999)  # 2 ** 5000 is past what a float holds
+    ok = q.add("ok", None)
+    q.resume()
+
+    def huge_retry(job: echomq.Job) -> None:
+        raise echomq.Retry(delay=1e306)
+
+    def fails(job: echomq.Job) -> None:
+        raise RuntimeError("again")
+
+    consumer = echomq.Consumer(queue_name, {"huge_retry": huge_retry, "fails": fails,
+                                            "ok": lambda job: "fine"},
+                               redis_url=redis_url, concurrency=concurrency)
+    assert consumer.run(burst=True) == 3
+    consumer.close()
+    job = q.get(huge)
+    assert job is not None and job.state == "dead", job
+    assert "Retry delay must be" in (job.error or "")
+    job = q.get(many)
+    assert job is not None and job.state == "scheduled" and job.attempts == 5000, job
+    seconds, micros = r.time()
+    assert job.due_ms is not None
+    assert 0 < job.due_ms - (seconds * 1000 + micros // 1000) <= 7_001  # the backoff's max
+    assert q.result(ok, timeout=1) == "fine"
+    assert q.counts()["active"] == 0
