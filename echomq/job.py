@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
-from echomq.errors import CorruptJob
+from echomq.errors import CorruptJob, PayloadError
 
 STATES = ("waiting", "scheduled", "active", "completed", "dead", "cancelled")
 CLAIM_FIELDS = 12  # values per job returned by claim.lua
@@ -169,6 +170,62 @@ def timeout_seconds(value: str | None) -> float | None:
     """The ``timeout_ms`` field as seconds; None when absent, empty or not positive."""
     ms = _int(value)
     return ms / 1000 if ms > 0 else None
+
+
+# what a depth check keeps of JSON text: the delimiters of strings, arrays and objects
+# (no other byte, UTF-8 included, can be one), with objects' braces made brackets
+_NOT_DELIMITER = bytes(b for b in range(256) if b not in b'"[]{}')
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_STEP = [0] * 256
+_STEP[ord("[")], _STEP[ord("]")] = 1, -1
+_PASSES = 8  # how many innermost levels are taken out a pass at a time (C) before counting
+
+
+def payload_depth(data: bytes) -> int:
+    """How deep arrays and objects nest in JSON text (UTF-8): 0 for a scalar, 1 for
+    ``[1]``. Every step runs in C: strings are cut out (escaped backslashes and quotes
+    first, then what lies between quotes), a few passes take out the innermost level
+    each (most JSON is that shallow), and what is left is counted."""
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    brackets = b"".join(unescaped.translate(_BRACKETS, _NOT_DELIMITER).split(b'"')[::2])
+    passes = 0
+    while brackets and passes < _PASSES:
+        brackets = brackets.replace(b"[]", b"")
+        passes += 1
+    return passes + max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def encode_json(value: Any, what: str, max_bytes: int, max_depth: int, *,
+                bytes_setting: str = "", depth_setting: str = "") -> str:
+    """JSON text of ``value`` (``what`` names it in errors: "payload", "progress") of at
+    most ``max_bytes`` of UTF-8, nested at most ``max_depth`` deep so that any consumer
+    can decode it; PayloadError otherwise, naming the limit (and the setting holding it)."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except RecursionError:  # deeper than the encoder goes, so past any limit
+        raise PayloadError(f"{what} is nested too deep to encode, over the limit of "
+                           f"{max_depth} levels{_named(depth_setting)}") from None
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from None
+    try:
+        data = text.encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from a decoded file name
+        raise PayloadError(f"{what} is not valid UTF-8 text: {exc.reason} at "
+                           f"position {exc.start}") from None
+    if len(data) > max_bytes:
+        raise PayloadError(f"{what} is {len(data)} bytes encoded, over the limit of "
+                           f"{max_bytes} bytes{_named(bytes_setting)}")
+    # no more brackets than the limit, no deeper either: most payloads stop here
+    if text.count("[") + text.count("{") > max_depth:
+        depth = payload_depth(data)
+        if depth > max_depth:
+            raise PayloadError(f"{what} is nested {depth} levels deep, over the limit of "
+                               f"{max_depth}{_named(depth_setting)}")
+    return text
+
+
+def _named(setting: str) -> str:
+    return f" ({setting})" if setting else ""
 
 
 def decode_payload(queue: str, job_id: str, text: str) -> Any:

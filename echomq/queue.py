@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -32,9 +31,8 @@ from echomq.errors import (
     InvalidName,
     InvalidSchedule,
     NotReplicated,
-    PayloadError,
 )
-from echomq.job import STATES, Job
+from echomq.job import STATES, Job, encode_json
 from echomq.keys import DEFAULT_LANE, REGISTRY, Keys, validate_job_id, validate_name
 from echomq.tracing import current_traceparent
 
@@ -299,22 +297,11 @@ class Queue:
         return None if ms == 0 else -ms
 
     def encode_payload(self, payload: Any) -> str:
-        """JSON-encode a payload, enforcing the size limit; raise PayloadError otherwise."""
-        try:
-            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
-        try:
-            size = len(text.encode())
-        except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from a decoded file name
-            raise PayloadError(f"payload is not valid UTF-8 text: {exc.reason} at "
-                               f"position {exc.start}") from None
-        if size > self.settings.max_payload_bytes:
-            raise PayloadError(
-                f"payload is {size} bytes encoded, over the limit of "
-                f"{self.settings.max_payload_bytes} bytes (QueueSettings.max_payload_bytes)"
-            )
-        return text
+        """JSON-encode a payload within the size and depth limits; PayloadError otherwise."""
+        return encode_json(payload, "payload", self.settings.max_payload_bytes,
+                           self.settings.max_payload_depth,
+                           bytes_setting="QueueSettings.max_payload_bytes",
+                           depth_setting="QueueSettings.max_payload_depth")
 
     def calls(self, specs: Sequence[tuple[str, list[Any], int | None]]
               ) -> list[tuple[scripts.LuaScript, list[str], list[Any]]]:

@@ -8,6 +8,7 @@ backoffs of any size give a bounded retry, never an exception out of the consume
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import redis
 
 import echomq
+from echomq import bulk
 from echomq.config import QueueSettings
 from echomq.keys import Keys
 from echomq.runner import retry_ms_of
@@ -34,6 +36,88 @@ def _keys_of(r: redis.Redis, queue: str) -> list[bytes]:
 def _hash(r: redis.Redis, queue: str, job_id: str) -> dict[str, str]:
     raw = r.hgetall(Keys(queue).job(job_id))
     return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+# --- the depth limit at admit ------------------------------------------------------------
+
+def test_payload_depth_counts_nested_containers_not_brackets_in_strings() -> None:
+    import json
+
+    from echomq.job import payload_depth
+
+    assert payload_depth(b"1") == 0
+    assert payload_depth(b'"[[["') == 0
+    assert payload_depth(b"[]") == 1
+    assert payload_depth(b'{"a":[1,{"b":[]}]}') == 4
+    assert payload_depth(json.dumps(["[[[[", '\\"[[[[', {"]]]]": "{{{{"}, "\\", "\\\"",
+                                     "\u00e9[", "\u00e9{\\"]).encode()) == 2
+    assert payload_depth(b"[[],[[]],[]]") == 3
+    for depth in (7, 8, 9, 30, 500):  # shallow siblings beside one deep branch
+        text = json.dumps([[], {"a": [1]}, _nested(depth - 1), [[2]]], ensure_ascii=False)
+        assert payload_depth(text.encode()) == depth, depth
+
+
+def test_a_payload_nested_past_the_limit_is_refused_naming_the_limit(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    assert q.settings.max_payload_depth == 100
+    with pytest.raises(echomq.PayloadError, match=r"101 levels deep, over the limit of 100 "
+                                                  r"\(QueueSettings.max_payload_depth\)"):
+        q.add("x", _nested(101))
+    # deeper than Python can encode: the same clear error, not a RecursionError
+    with pytest.raises(echomq.PayloadError, match="over the limit of 100"):
+        q.add("x", _nested(100_000))
+    # brackets inside strings are text, not nesting
+    q.add("x", {"text": "[" * 5000})
+    r.delete(*_keys_of(r, queue_name))
+    with pytest.raises(echomq.PayloadError, match="over the limit of 100"):
+        q.add_many([("x", 1), ("x", _nested(101)), ("x", 3)])
+    with pytest.raises(echomq.PayloadError, match="over the limit of 100"):
+        q.add_cron("k", "* * * * *", "x", _nested(150))
+    assert _keys_of(r, queue_name) == []
+    job = q.get(q.add("x", _nested(100)))
+    assert job is not None and job.payload == _nested(100)
+
+
+def test_the_depth_limit_is_a_setting_with_bounds(redis_url: str, queue_name: str,
+                                                  r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url, max_payload_depth=3)
+    with pytest.raises(echomq.PayloadError, match="4 levels deep, over the limit of 3"):
+        q.add("x", [[[[1]]]])
+    assert _keys_of(r, queue_name) == []
+    q.add("x", [[[1]]])
+    for bad in (0, 501, True, 2.5):
+        with pytest.raises(echomq.ConfigError, match="max_payload_depth"):
+            QueueSettings(max_payload_depth=bad)  # type: ignore[arg-type]
+
+
+def test_every_way_in_refuses_a_payload_past_the_depth_limit(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    deep = _nested(120)
+    aq = echomq.aio.Queue(queue_name, redis_url=redis_url)
+
+    async def aio_admits() -> None:
+        with pytest.raises(echomq.PayloadError, match="over the limit of 100"):
+            await aq.add("x", deep)
+        with pytest.raises(echomq.PayloadError, match="over the limit of 100"):
+            await aq.add_many([("x", 1), ("x", deep)])
+        await aq.close()
+
+    asyncio.run(aio_admits())
+    with pytest.raises(echomq.PayloadError, match="over the limit of 100"):
+        bulk.add_many({queue_name: [("x", 1)], f"{queue_name}-b": [("x", deep)]},
+                      redis_url)
+    echomq.configure(redis_url=redis_url)
+    try:
+        @echomq.task(queue=queue_name)
+        def deep_task(value: Any) -> None:
+            return None
+
+        with pytest.raises(echomq.PayloadError, match="over the limit of 100"):
+            deep_task.send(deep)
+    finally:
+        echomq.configure(redis_url=None)
+    assert _keys_of(r, queue_name) == [] and _keys_of(r, f"{queue_name}-b") == []
 
 
 # --- retry delays of any size ------------------------------------------------------------
