@@ -87,7 +87,7 @@ class Job:
         result_text = h.get("result")
         try:
             result = json.loads(result_text) if result_text else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or too deep to decode: the text
             result = result_text
         due = h.get("due_ms")
         started = h.get("started_ms")
@@ -95,7 +95,7 @@ class Job:
         progress_text = h.get("progress")
         try:
             progress = json.loads(progress_text) if progress_text else None
-        except ValueError:
+        except (ValueError, RecursionError):
             progress = progress_text
         return cls(
             id=job_id,
@@ -167,9 +167,13 @@ def parse_claimed(flat: list[Any]) -> list[Claimed]:
 
 
 def timeout_seconds(value: str | None) -> float | None:
-    """The ``timeout_ms`` field as seconds; None when absent, empty or not positive."""
+    """The ``timeout_ms`` field as seconds; None when absent, empty, not positive, or
+    past what a float holds (no limit, as good as)."""
     ms = _int(value)
-    return ms / 1000 if ms > 0 else None
+    try:
+        return ms / 1000 if ms > 0 else None
+    except OverflowError:
+        return None
 
 
 # what a depth check keeps of JSON text: the delimiters of strings, arrays and objects
@@ -229,9 +233,13 @@ def _named(setting: str) -> str:
 
 
 def decode_payload(queue: str, job_id: str, text: str) -> Any:
-    """Parse a stored payload; raises `CorruptJob` naming the job when it is not JSON."""
+    """Parse a stored payload; raises `CorruptJob` naming the job when it is not JSON or
+    nests too deep for the decoder (a producer that skipped the admit checks wrote it)."""
     try:
         return json.loads(text)
     except ValueError as exc:
         raise CorruptJob(f"job {job_id!r} in queue {queue!r} has a payload that is not JSON: {exc}"
                          ) from None
+    except RecursionError:
+        raise CorruptJob(f"job {job_id!r} in queue {queue!r} has a payload nested too deep to "
+                         "decode") from None

@@ -25,7 +25,7 @@ from echomq.backoff import Backoff, delay_ms
 from echomq.config import QueueSettings
 from echomq.control import Fail, Retry
 from echomq.errors import CorruptJob
-from echomq.job import Claimed, Job
+from echomq.job import Claimed, Job, payload_depth
 from echomq.lanes import Outcome
 from echomq.tracing import handler_span
 
@@ -95,30 +95,30 @@ class Runner:
     # --- running --------------------------------------------------------------------
 
     def run(self, claimed: Claimed) -> Outcome:
-        """Run one job in this thread; returns completed, failed or dead.
+        """Run one job in this thread; returns completed, failed or dead, whatever its
+        payload, handler or result raise.
 
         The hot path of every sync drain: one clock read before and after, no context
         manager unless the job carries a trace, and an awaitable looked for only when the
         handler returned something."""
         start = perf_counter()
-        prepared = self.prepare(claimed)
-        if prepared.__class__ is Outcome:
-            self._observe(claimed, prepared, start)  # type: ignore[arg-type]
-            return prepared  # type: ignore[return-value]
-        job, fn = prepared  # type: ignore[misc]
         try:
-            if claimed.trace:  # a producer that was tracing: run in a span linked to it
-                with handler_span(self.queue, job.name, job.id, claimed.trace):
-                    result = self._call(claimed, fn, job)
+            prepared = self.prepare(claimed)
+            if prepared.__class__ is Outcome:
+                outcome: Outcome = prepared  # type: ignore[assignment]
             else:
-                result = fn(job)
-                if result is not None and inspect.isawaitable(result):
-                    result = self._own_loop().run_until_complete(
-                        _bounded(result, self.timeout_of(claimed)))
+                job, fn = prepared  # type: ignore[misc]
+                if claimed.trace:  # a producer that was tracing: run in a span linked to it
+                    with handler_span(self.queue, job.name, job.id, claimed.trace):
+                        result = self._call(claimed, fn, job)
+                else:
+                    result = fn(job)
+                    if result is not None and inspect.isawaitable(result):
+                        result = self._own_loop().run_until_complete(
+                            _bounded(result, self.timeout_of(claimed)))
+                outcome = self.completed(claimed, result)
         except Exception as exc:  # a handler failure is data, not a crash
             outcome = self.failed(claimed, exc, self.timeout_of(claimed))
-        else:
-            outcome = self.completed(claimed, result)
         self._observe(claimed, outcome, start)
         return outcome
 
@@ -142,6 +142,7 @@ class Runner:
                 result = await loop.run_in_executor(threads, fn, job)
                 if inspect.isawaitable(result):
                     result = await _bounded(result, timeout)
+            outcome = self.completed(claimed, result)
         except asyncio.CancelledError as exc:
             # the drain never cancels the task a job runs in (a stop lets it finish): the
             # handler cancelled it, or raised it itself. A failure like any other; raised
@@ -154,8 +155,6 @@ class Runner:
             outcome = self.failed(claimed, exc, timeout)
         except Exception as exc:
             outcome = self.failed(claimed, exc, timeout)
-        else:
-            outcome = self.completed(claimed, result)
         self._observe(claimed, outcome, start)
         return outcome
 
@@ -211,15 +210,28 @@ class Runner:
         return self.handler
 
     def _encode_result(self, result: Any) -> str:
+        """The result as JSON (its repr, when it is not JSON); a note instead when it is
+        past the payload limits, so that whoever reads it can decode it."""
         if result is None:
             return ""
         try:
-            text = json.dumps(result, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError):
-            text = json.dumps(repr(result))
+            try:
+                text = json.dumps(result, separators=(",", ":"), ensure_ascii=False,
+                                  allow_nan=False)
+            except (TypeError, ValueError):
+                text = json.dumps(repr(result))
+        except RecursionError:  # nested deeper than the encoder (or repr) goes
+            return self._too_deep_note()
         if len(text) > self.settings.max_payload_bytes:
             return json.dumps(f"<result of {len(text)} bytes not kept>")
+        depth = self.settings.max_payload_depth
+        if text.count("[") + text.count("{") > depth and payload_depth(text.encode()) > depth:
+            return self._too_deep_note()
         return text
+
+    def _too_deep_note(self) -> str:
+        return json.dumps(f"<result nested deeper than {self.settings.max_payload_depth} "
+                          "levels not kept>")
 
 
 def retry_ms_of(settings: QueueSettings, attempts: int, backoff_text: str,

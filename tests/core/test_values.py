@@ -9,6 +9,7 @@ backoffs of any size give a bounded retry, never an exception out of the consume
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from typing import Any
 
@@ -20,6 +21,7 @@ from echomq import bulk
 from echomq.config import QueueSettings
 from echomq.keys import Keys
 from echomq.runner import retry_ms_of
+from echomq.task import tasks_on
 
 
 def _nested(depth: int) -> Any:
@@ -120,6 +122,82 @@ def test_every_way_in_refuses_a_payload_past_the_depth_limit(
     assert _keys_of(r, queue_name) == [] and _keys_of(r, f"{queue_name}-b") == []
 
 
+# --- a payload the consumer cannot decode, at run time -----------------------------------
+
+def _batch_with_a_payload_too_deep(q: echomq.Queue, r: redis.Redis, depth: int
+                                   ) -> tuple[str, list[str]]:
+    """Five jobs, the third's payload rewritten in its hash past what a decoder can take
+    (as a producer in another language could write it)."""
+    assert q.pause()
+    ids = q.add_many([("x", i) for i in range(5)])
+    r.hset(q.keys.job(ids[2]), "payload", "[" * depth + "]" * depth)
+    q.resume()
+    return ids[2], [i for n, i in enumerate(ids) if n != 2]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 4])
+@pytest.mark.parametrize("depth", [990, 100_000])
+def test_a_payload_too_deep_to_decode_fails_its_job_dead_and_the_batch_runs_once(
+        redis_url: str, queue_name: str, r: redis.Redis, concurrency: int,
+        depth: int) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    deep, others = _batch_with_a_payload_too_deep(q, r, depth)
+    runs: list[str] = []
+    consumer = echomq.Consumer(queue_name, lambda job: runs.append(job.id),
+                               redis_url=redis_url, concurrency=concurrency, claim_batch=8)
+    consumer.run(burst=True)
+    consumer.close()
+    assert sorted(runs) == sorted(others)
+    h = _hash(r, queue_name, deep)
+    assert h["state"] == "dead", h
+    assert "nested too deep to decode" in h["error"], h["error"]
+    assert int(h.get("stalls", 0)) == 0
+    assert q.counts()["completed"] == 4 and q.counts()["active"] == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_result_nested_too_deep_completes_its_job_with_a_note_instead(
+        redis_url: str, queue_name: str, concurrency: int) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = q.add_many([("x", 150), ("x", 100_000), ("x", 3)])
+    consumer = echomq.Consumer(queue_name, lambda job: _nested(job.payload),
+                               redis_url=redis_url, concurrency=concurrency)
+    assert consumer.run(burst=True) == 3
+    consumer.close()
+    for job_id in ids[:2]:
+        job = q.get(job_id)
+        assert job is not None and job.state == "completed", job
+        assert job.result == "<result nested deeper than 100 levels not kept>"
+    assert q.result(ids[2], timeout=1) == _nested(3)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_whatever_a_handler_raises_is_its_jobs_failure(
+        redis_url: str, queue_name: str, concurrency: int) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = q.add_many([("recursion", None, {"max_attempts": 1}),
+                      ("overflow", None, {"max_attempts": 1}),
+                      ("ok", None)])
+
+    def recurse(n: int) -> int:
+        return recurse(n + 1) + 1
+
+    handlers = {"recursion": lambda job: recurse(0),
+                "overflow": lambda job: math.exp(1000),
+                "ok": lambda job: "fine"}
+    consumer = echomq.Consumer(queue_name, handlers, redis_url=redis_url,
+                               concurrency=concurrency)
+    assert consumer.run(burst=True) == 3
+    consumer.close()
+    for job_id, cause in zip(ids[:2], ("RecursionError", "OverflowError"), strict=True):
+        job = q.get(job_id)
+        assert job is not None and job.state == "dead" and cause in (job.error or ""), job
+    assert q.result(ids[2], timeout=1) == "fine"
+
+
 # --- retry delays of any size ------------------------------------------------------------
 
 @pytest.mark.parametrize("delay", [1e306, 4e9, float("inf"), float("nan"), -1])
@@ -190,3 +268,26 @@ def test_a_retry_or_backoff_past_any_bound_is_a_retry_not_a_crash(
     assert 0 < job.due_ms - (seconds * 1000 + micros // 1000) <= 7_001  # the backoff's max
     assert q.result(ok, timeout=1) == "fine"
     assert q.counts()["active"] == 0
+
+
+def test_the_tasks_of_a_queue_run_with_a_payload_too_deep_among_them(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    echomq.configure(redis_url=redis_url)
+    try:
+        @echomq.task(queue=queue_name)
+        def echo(value: Any) -> Any:
+            return value
+
+        q = echomq.Queue(queue_name, redis_url=redis_url)
+        assert q.pause()
+        ids = [echo.send(i) for i in range(3)]
+        r.hset(q.keys.job(ids[1]), "payload", '{"args":' + "[" * 2000 + "]" * 2000 + "}")
+        q.resume()
+        consumer = echomq.Consumer(queue_name, tasks_on(queue_name), redis_url=redis_url)
+        consumer.run(burst=True)
+        consumer.close()
+        assert [q.result(ids[0], timeout=1), q.result(ids[2], timeout=1)] == [0, 2]
+        h = _hash(r, queue_name, ids[1])
+        assert h["state"] == "dead" and "nested too deep to decode" in h["error"]
+    finally:
+        echomq.configure(redis_url=None)
