@@ -225,7 +225,8 @@ class Runner:
         if len(text) > self.settings.max_payload_bytes:
             return json.dumps(f"<result of {len(text)} bytes not kept>")
         depth = self.settings.max_payload_depth
-        if text.count("[") + text.count("{") > depth and payload_depth(text.encode()) > depth:
+        if text.count("[") + text.count("{") > depth and payload_depth(
+                text.encode(errors="surrogatepass")) > depth:  # a lone surrogate is kept as is
             return self._too_deep_note()
         return text
 

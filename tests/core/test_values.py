@@ -198,6 +198,24 @@ def test_whatever_a_handler_raises_is_its_jobs_failure(
     assert q.result(ids[2], timeout=1) == "fine"
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_time_limit_past_what_a_float_holds_is_no_limit(
+        redis_url: str, queue_name: str, r: redis.Redis, concurrency: int) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    assert q.pause()
+    ids = q.add_many([("x", i) for i in range(3)])
+    r.hset(q.keys.job(ids[1]), "timeout_ms", "9" * 400)  # another producer wrote it
+    q.resume()
+    job = q.get(ids[1])
+    assert job is not None and job.timeout is None
+    consumer = echomq.Consumer(queue_name, lambda job: job.payload, redis_url=redis_url,
+                               concurrency=concurrency)
+    assert consumer.run(burst=True) == 3
+    consumer.close()
+    assert [q.result(i, timeout=1) for i in ids] == [0, 1, 2]
+
+
 # --- retry delays of any size ------------------------------------------------------------
 
 @pytest.mark.parametrize("delay", [1e306, 4e9, float("inf"), float("nan"), -1])
