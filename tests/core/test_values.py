@@ -9,8 +9,10 @@ backoffs of any size give a bounded retry, never an exception out of the consume
 from __future__ import annotations
 
 import asyncio
+import importlib
 import math
 import random
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -196,6 +198,72 @@ def test_whatever_a_handler_raises_is_its_jobs_failure(
         job = q.get(job_id)
         assert job is not None and job.state == "dead" and cause in (job.error or ""), job
     assert q.result(ids[2], timeout=1) == "fine"
+
+
+class _LazyHandlers(Mapping[str, Callable[[echomq.Job], Any]]):
+    """A registry that imports a job's handler on first use: an unknown name raises
+    ImportError from ``get`` (a Mapping's ``get`` passes on all but KeyError)."""
+
+    def __getitem__(self, name: str) -> Callable[[echomq.Job], Any]:
+        if name == "ok":
+            return lambda job: "fine"
+        return importlib.import_module(name).handler  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["ok"])
+
+    def __len__(self) -> int:
+        return 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_handler_lookup_that_raises_is_its_jobs_failure(
+        redis_url: str, queue_name: str, concurrency: int) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    assert q.pause()
+    missing = q.add("no_such_module_here", None, max_attempts=1)
+    ok = q.add("ok", None)
+    q.resume()
+    consumer = echomq.Consumer(queue_name, _LazyHandlers(), redis_url=redis_url,
+                               concurrency=concurrency)
+    assert consumer.run(burst=True) == 2
+    consumer.close()
+    job = q.get(missing)
+    assert job is not None and job.state == "dead", job
+    assert "ModuleNotFoundError" in (job.error or ""), job.error
+    assert q.result(ok, timeout=1) == "fine"
+    assert q.counts()["active"] == 0
+
+
+def test_a_progress_nested_past_the_limit_is_refused(redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", None)
+    errors: list[str] = []
+
+    def handler(job: echomq.Job) -> None:
+        try:
+            job.progress(_nested(101))
+        except echomq.PayloadError as exc:
+            errors.append(str(exc))
+        job.progress(_nested(100))
+
+    echomq.Consumer(queue_name, handler, redis_url=redis_url).run(burst=True)
+    assert len(errors) == 1 and "nested 101 levels deep, over the limit of 100" in errors[0]
+    job = q.get(job_id)
+    assert job is not None and job.progress == _nested(100)
+
+
+def test_a_result_or_progress_too_deep_to_decode_is_read_back_as_its_text(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", None)
+    echomq.Consumer(queue_name, lambda job: 1, redis_url=redis_url).run(burst=True)
+    deep = "[" * 5000 + "]" * 5000
+    r.hset(q.keys.job(job_id), mapping={"result": deep, "progress": deep})
+    job = q.get(job_id)
+    assert job is not None and job.result == deep and job.progress == deep
+    assert q.result(job_id, timeout=1) == deep
 
 
 @pytest.mark.timeout(60)
