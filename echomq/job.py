@@ -73,12 +73,15 @@ class Job:
                   strict: bool = True) -> Job:
         """Build a Job from its Redis hash; raise CorruptJob when required fields are missing
         (or, when ``strict``, when the payload is not JSON; otherwise the raw text is kept)."""
-        h = {_text(k): _text(v) for k, v in raw.items()}
+        unreadable: list[str] = []  # fields that are not UTF-8 (another producer wrote them)
+        h = {_text(k): _readable(v, unreadable, _text(k)) for k, v in raw.items()}
         missing = [f for f in ("id", "name", "lane", "state") if not h.get(f)]
         if missing:
             raise CorruptJob(f"job hash in queue {queue!r} lacks {', '.join(missing)}")
         job_id = h["id"] or ""
         try:
+            if "payload" in unreadable:
+                raise CorruptJob(not_utf8(queue, job_id))
             payload = decode_payload(queue, job_id, h.get("payload") or "null")
         except CorruptJob:
             if strict:
@@ -138,9 +141,12 @@ class Claimed:
     timeout: float | None = None
     trace: str = ""
     alone: bool = False  # a suspect of a process crash: run it with no other job beside it
+    unreadable: bool = False  # the payload is not UTF-8 (another producer wrote it)
 
     def to_job(self, queue: str) -> Job:
-        """Decode the payload; raise CorruptJob when it is not JSON."""
+        """Decode the payload; raise CorruptJob when it is not UTF-8 or not JSON."""
+        if self.unreadable:
+            raise CorruptJob(not_utf8(queue, self.id))
         return Job(
             id=self.id, name=self.name,
             payload=decode_payload(queue, self.id, self.payload_text),
@@ -153,7 +159,10 @@ class Claimed:
 def parse_claimed(flat: list[Any]) -> list[Claimed]:
     """Split claim.lua's flat reply into Claimed records (the hot path of every drain:
     every value is decoded in one pass, then the records are cut from it)."""
-    values = [v.decode() if v.__class__ is bytes else str(v) for v in flat]
+    try:
+        values = [v.decode() if v.__class__ is bytes else str(v) for v in flat]
+    except UnicodeDecodeError:  # a field another producer wrote that is not UTF-8
+        return _parse_unreadable(flat)
     out = []
     for i in range(0, len(values), CLAIM_FIELDS):
         (job_id, token, name, payload, lane, attempts, max_attempts, backoff, created,
@@ -164,6 +173,37 @@ def parse_claimed(flat: list[Any]) -> list[Claimed]:
             timeout_seconds(timeout_ms) if timeout_ms else None, trace, alone != "",
         ))
     return out
+
+
+def _parse_unreadable(flat: list[Any]) -> list[Claimed]:
+    """parse_claimed for a reply holding bytes that are not UTF-8: each such value is
+    decoded with replacement characters, and a payload among them marks its job
+    unreadable (its run fails it as corrupt); the rest of the batch runs as ever."""
+    out = []
+    for i in range(0, len(flat), CLAIM_FIELDS):
+        unreadable: list[str] = []
+        values = [_readable(v, unreadable, str(n)) for n, v in enumerate(flat[i:i + CLAIM_FIELDS])]
+        [claimed] = parse_claimed(values)
+        claimed.unreadable = "3" in unreadable  # the payload's place in a record
+        out.append(claimed)
+    return out
+
+
+def _readable(value: Any, unreadable: list[str], name: str | None) -> str | None:
+    """A reply's value as text; one that is not UTF-8 is decoded with replacement
+    characters and its ``name`` added to ``unreadable``."""
+    if value.__class__ is not bytes:
+        return _text(value)
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        unreadable.append(name or "")
+        return value.decode(errors="replace")
+
+
+def not_utf8(queue: str, job_id: str) -> str:
+    """The error of a job whose payload is not UTF-8 text."""
+    return f"job {job_id!r} in queue {queue!r} has a payload that is not UTF-8 text"
 
 
 def timeout_seconds(value: str | None) -> float | None:

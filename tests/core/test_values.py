@@ -160,6 +160,31 @@ def test_a_payload_too_deep_to_decode_fails_its_job_dead_and_the_batch_runs_once
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_payload_that_is_not_utf8_fails_its_job_dead_and_the_batch_runs_once(
+        redis_url: str, queue_name: str, r: redis.Redis, concurrency: int) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    assert q.pause()
+    ids = q.add_many([("x", i) for i in range(5)])
+    r.hset(q.keys.job(ids[2]), "payload", b'"\xff\xfe"')  # bytes another producer wrote
+    q.resume()
+    with pytest.raises(echomq.CorruptJob, match="not UTF-8"):
+        q.get(ids[2])
+    [listed] = [j for j in q.jobs("waiting") if j.id == ids[2]]
+    assert listed.payload == '"\ufffd\ufffd"'  # listings keep what they can show
+    runs: list[str] = []
+    consumer = echomq.Consumer(queue_name, lambda job: runs.append(job.id),
+                               redis_url=redis_url, concurrency=concurrency, claim_batch=8)
+    consumer.run(burst=True)
+    consumer.close()
+    assert sorted(runs) == sorted(i for n, i in enumerate(ids) if n != 2)
+    h = r.hgetall(q.keys.job(ids[2]))
+    assert h[b"state"] == b"dead", h
+    assert b"not UTF-8" in h[b"error"], h[b"error"]
+    assert q.counts()["completed"] == 4 and q.counts()["active"] == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 4])
 def test_a_result_nested_too_deep_completes_its_job_with_a_note_instead(
         redis_url: str, queue_name: str, concurrency: int) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
