@@ -105,7 +105,7 @@ class Runner:
         try:
             prepared = self.prepare(claimed)
             if prepared.__class__ is Outcome:
-                outcome: Outcome = prepared  # type: ignore[assignment]
+                outcome: Outcome = prepared
             else:
                 job, fn = prepared  # type: ignore[misc]
                 if claimed.trace:  # a producer that was tracing: run in a span linked to it
