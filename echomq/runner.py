@@ -211,7 +211,8 @@ class Runner:
 
     def _encode_result(self, result: Any) -> str:
         """The result as JSON (its repr, when it is not JSON); a note instead when it is
-        past the payload limits, so that whoever reads it can decode it."""
+        past the payload limits, so that whoever reads it can decode it, or when its repr
+        raises (the handler's work is done: failing the job would run it again)."""
         if result is None:
             return ""
         try:
@@ -222,6 +223,9 @@ class Runner:
                 text = json.dumps(repr(result))
         except RecursionError:  # nested deeper than the encoder (or repr) goes
             return self._too_deep_note()
+        except Exception as exc:  # noqa: BLE001 - its repr raised: the job is done all the same
+            return json.dumps(f"<result of type {type(result).__name__} not kept: its repr "
+                              f"raised {type(exc).__name__}>")
         if len(text) > self.settings.max_payload_bytes:
             return json.dumps(f"<result of {len(text)} bytes not kept>")
         depth = self.settings.max_payload_depth

@@ -200,6 +200,32 @@ def test_a_result_nested_too_deep_completes_its_job_with_a_note_instead(
     assert q.result(ids[2], timeout=1) == _nested(3)
 
 
+class _Unshowable:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_result_whose_repr_raises_completes_its_job_once_with_a_note(
+        redis_url: str, queue_name: str, concurrency: int) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", None)
+    runs: list[str] = []
+
+    def handler(job: echomq.Job) -> _Unshowable:
+        runs.append(job.id)
+        return _Unshowable()
+
+    consumer = echomq.Consumer(queue_name, handler, redis_url=redis_url,
+                               concurrency=concurrency)
+    assert consumer.run(burst=True) == 1
+    consumer.close()
+    assert runs == [job_id]
+    assert q.result(job_id, timeout=1) == ("<result of type _Unshowable not kept: its repr "
+                                           "raised RuntimeError>")
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_whatever_a_handler_raises_is_its_jobs_failure(
