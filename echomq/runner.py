@@ -117,7 +117,8 @@ class Runner:
                         result = self._own_loop().run_until_complete(
                             _bounded(result, self.timeout_of(claimed)))
                 outcome = self.completed(claimed, result)
-        except Exception as exc:  # a handler failure is data, not a crash
+        except (Exception, asyncio.CancelledError) as exc:  # a handler failure is data, not
+            # a crash (a coroutine it returned may raise CancelledError, no Exception)
             outcome = self.failed(claimed, exc, self.timeout_of(claimed))
         self._observe(claimed, outcome, start)
         return outcome

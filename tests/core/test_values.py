@@ -233,22 +233,28 @@ def test_whatever_a_handler_raises_is_its_jobs_failure(
     q = echomq.Queue(queue_name, redis_url=redis_url)
     ids = q.add_many([("recursion", None, {"max_attempts": 1}),
                       ("overflow", None, {"max_attempts": 1}),
+                      ("cancelled", None, {"max_attempts": 1}),
                       ("ok", None)])
 
     def recurse(n: int) -> int:
         return recurse(n + 1) + 1
 
+    async def cancelled() -> None:
+        raise asyncio.CancelledError
+
     handlers = {"recursion": lambda job: recurse(0),
                 "overflow": lambda job: math.exp(1000),
+                "cancelled": lambda job: cancelled(),  # a sync handler returning a coroutine
                 "ok": lambda job: "fine"}
     consumer = echomq.Consumer(queue_name, handlers, redis_url=redis_url,
                                concurrency=concurrency)
-    assert consumer.run(burst=True) == 3
+    assert consumer.run(burst=True) == 4
     consumer.close()
-    for job_id, cause in zip(ids[:2], ("RecursionError", "OverflowError"), strict=True):
+    causes = ("RecursionError", "OverflowError", "CancelledError")
+    for job_id, cause in zip(ids[:3], causes, strict=True):
         job = q.get(job_id)
         assert job is not None and job.state == "dead" and cause in (job.error or ""), job
-    assert q.result(ids[2], timeout=1) == "fine"
+    assert q.result(ids[3], timeout=1) == "fine"
 
 
 class _LazyHandlers(Mapping[str, Callable[[echomq.Job], Any]]):
