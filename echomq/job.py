@@ -72,7 +72,8 @@ class Job:
     def from_hash(cls, queue: str, raw: dict[bytes, bytes] | dict[str, str], *,
                   strict: bool = True) -> Job:
         """Build a Job from its Redis hash; raise CorruptJob when required fields are missing
-        (or, when ``strict``, when the payload is not JSON; otherwise the raw text is kept)."""
+        (or, when ``strict``, when the payload is not UTF-8 JSON a decoder can take; otherwise
+        its text is kept, bytes that are not UTF-8 replaced)."""
         unreadable: list[str] = []  # fields that are not UTF-8 (another producer wrote them)
         h = {_text(k): _readable(v, unreadable, _text(k)) for k, v in raw.items()}
         missing = [f for f in ("id", "name", "lane", "state") if not h.get(f)]
