@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
 from echomq.errors import ConfigError
 
+# the longest delay anything schedules: a retry computed longer waits this long instead
+MAX_DELAY_S = 100 * 365.25 * 86_400  # 100 years
+MAX_DELAY_MS = int(MAX_DELAY_S * 1000)
+
+
+def delay_ms(seconds: float) -> int:
+    """A delay as whole ms from 0 to MAX_DELAY_MS (100 years): longer ones, infinity
+    included, are clamped to it; negative ones and NaN are 0."""
+    if not seconds > 0:  # NaN too
+        return 0
+    if seconds >= MAX_DELAY_S:
+        return MAX_DELAY_MS
+    return int(seconds * 1000)
+
 
 @dataclass(frozen=True)
 class Backoff:
-    """Delay before retry n is ``min(max, base * factor**(n-1))``, spread by +/- jitter."""
+    """Delay before retry n is ``min(max, base * factor**(n-1))``, spread by +/- jitter.
+
+    Every field is a finite number (ConfigError otherwise); a delay computed past 100
+    years (a large ``max``) is 100 years."""
 
     base: float = 1.0
     factor: float = 2.0
@@ -18,6 +36,9 @@ class Backoff:
     jitter: float = 0.2
 
     def __post_init__(self) -> None:
+        if not all(math.isfinite(v) for v in (self.base, self.factor, self.max, self.jitter)):
+            raise ConfigError(f"backoff base, factor, max and jitter must be finite numbers, "
+                              f"got {self.encode()}")
         if self.base < 0 or self.max < 0:
             raise ConfigError("backoff base and max must be >= 0 seconds")
         if self.factor < 1:
@@ -27,7 +48,10 @@ class Backoff:
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        raw = min(self.max, self.base * self.factor ** max(0, attempt - 1))
+        try:
+            raw = min(self.max, self.base * self.factor ** max(0, attempt - 1))
+        except OverflowError:  # factor ** (attempt - 1) past what a float holds: past max
+            raw = self.max if self.base > 0 else 0.0
         if self.jitter:
             raw *= 1 + (rng or random).uniform(-self.jitter, self.jitter)
         return max(0.0, raw)

@@ -431,7 +431,10 @@ class ConcurrentDrain:
             self._start(claimed)
 
     def _start(self, claimed: Claimed) -> None:
-        prepared = self.runner.prepare(claimed)
+        try:
+            prepared = self.runner.prepare(claimed)
+        except Exception as exc:  # noqa: BLE001 - the job's failure, never the drain's
+            prepared = self.runner.failed(claimed, exc, None)
         if isinstance(prepared, Outcome):
             self.hooks.on_start(claimed)
             self.hooks.on_finish(claimed)
@@ -447,6 +450,9 @@ class ConcurrentDrain:
         started = self.loop.time()
         try:
             outcome = await self.runner.run_async(claimed, job, fn, self.threads)
+        except Exception as exc:  # noqa: BLE001 - run_async turns a handler's into an outcome:
+            # this is one of its own, and still the job's failure, so the job is settled
+            outcome = self.runner.failed(claimed, exc, None)
         finally:
             self.in_flight.pop((claimed.id, claimed.token), None)
             if claimed.alone:

@@ -14,12 +14,18 @@ DOORBELLS = ("list", "marker")  # what consumers park on: BLPOP wake, or BZPOPMI
 
 # a lane's active count carries its blocked flag as + 10^9 (claim.lua): limits stay below
 MAX_LIMIT = 999_999_999
+# payloads nest at most this deep, whatever the setting: a consumer decodes them with
+# Python's recursion limit (1000 frames) less the frames of its own stack
+MAX_PAYLOAD_DEPTH = 500
 
 
 @dataclass(frozen=True)
 class QueueSettings:
     """How a queue admits, leases, retries and retains jobs.
 
+    ``max_payload_bytes`` bounds a payload's encoded size (512 KiB), ``max_payload_depth``
+    how deep its arrays and objects nest (100; at most 500), so every consumer can decode
+    it; a handler's result past either is kept as a note saying so instead.
     ``keep_completed`` bounds how many completed jobs keep their hash (0 drops
     them at once, None keeps all); ``keep_completed_s`` drops those older than
     that many seconds; ``keep_dead`` and ``keep_dead_s`` do the same for dead jobs
@@ -35,6 +41,7 @@ class QueueSettings:
     """
 
     max_payload_bytes: int = 512 * 1024
+    max_payload_depth: int = 100
     max_attempts: int = 3
     max_stalls: int = 1
     backoff: Backoff = field(default_factory=Backoff)
@@ -56,6 +63,10 @@ class QueueSettings:
     def __post_init__(self) -> None:
         checks = (
             (self.max_payload_bytes >= 1, "max_payload_bytes must be >= 1"),
+            (isinstance(self.max_payload_depth, int)
+             and not isinstance(self.max_payload_depth, bool)
+             and 1 <= self.max_payload_depth <= MAX_PAYLOAD_DEPTH,
+             f"max_payload_depth must be an integer from 1 to {MAX_PAYLOAD_DEPTH}"),
             (self.max_attempts >= 1, "max_attempts must be >= 1"),
             (self.max_stalls >= 0, "max_stalls must be >= 0"),
             (self.lease_ms >= 100, "lease_ms must be >= 100"),

@@ -16,7 +16,8 @@ class InvalidName(EchoMQError, ValueError):
 
 
 class PayloadError(EchoMQError, ValueError):
-    """A payload is not JSON-serialisable or exceeds the size limit."""
+    """A payload (or progress) is not JSON-serialisable, or exceeds the size or depth limit
+    (``QueueSettings.max_payload_bytes``, ``max_payload_depth``); the message names it."""
 
 
 class InvalidSchedule(EchoMQError, ValueError):
@@ -37,7 +38,8 @@ class PermissionDenied(EchoMQError, PermissionError):
 
 
 class CorruptJob(EchoMQError):
-    """A job hash lacks required fields or holds a payload that is not valid JSON."""
+    """A job hash lacks required fields or holds a payload that is not valid JSON, or that
+    nests too deep to decode (written by a producer that skipped the admit checks)."""
 
 
 class StaleLease(EchoMQError):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
-from echomq.errors import CorruptJob
+from echomq.errors import CorruptJob, PayloadError
 
 STATES = ("waiting", "scheduled", "active", "completed", "dead", "cancelled")
 CLAIM_FIELDS = 12  # values per job returned by claim.lua
@@ -71,13 +72,17 @@ class Job:
     def from_hash(cls, queue: str, raw: dict[bytes, bytes] | dict[str, str], *,
                   strict: bool = True) -> Job:
         """Build a Job from its Redis hash; raise CorruptJob when required fields are missing
-        (or, when ``strict``, when the payload is not JSON; otherwise the raw text is kept)."""
-        h = {_text(k): _text(v) for k, v in raw.items()}
+        (or, when ``strict``, when the payload is not UTF-8 JSON a decoder can take; otherwise
+        its text is kept, bytes that are not UTF-8 replaced)."""
+        unreadable: list[str] = []  # fields that are not UTF-8 (another producer wrote them)
+        h = {_text(k): _readable(v, unreadable, _text(k)) for k, v in raw.items()}
         missing = [f for f in ("id", "name", "lane", "state") if not h.get(f)]
         if missing:
             raise CorruptJob(f"job hash in queue {queue!r} lacks {', '.join(missing)}")
         job_id = h["id"] or ""
         try:
+            if "payload" in unreadable:
+                raise CorruptJob(not_utf8(queue, job_id))
             payload = decode_payload(queue, job_id, h.get("payload") or "null")
         except CorruptJob:
             if strict:
@@ -86,7 +91,7 @@ class Job:
         result_text = h.get("result")
         try:
             result = json.loads(result_text) if result_text else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or too deep to decode: the text
             result = result_text
         due = h.get("due_ms")
         started = h.get("started_ms")
@@ -94,7 +99,7 @@ class Job:
         progress_text = h.get("progress")
         try:
             progress = json.loads(progress_text) if progress_text else None
-        except ValueError:
+        except (ValueError, RecursionError):
             progress = progress_text
         return cls(
             id=job_id,
@@ -137,9 +142,12 @@ class Claimed:
     timeout: float | None = None
     trace: str = ""
     alone: bool = False  # a suspect of a process crash: run it with no other job beside it
+    unreadable: bool = False  # the payload is not UTF-8 (another producer wrote it)
 
     def to_job(self, queue: str) -> Job:
-        """Decode the payload; raise CorruptJob when it is not JSON."""
+        """Decode the payload; raise CorruptJob when it is not UTF-8 or not JSON."""
+        if self.unreadable:
+            raise CorruptJob(not_utf8(queue, self.id))
         return Job(
             id=self.id, name=self.name,
             payload=decode_payload(queue, self.id, self.payload_text),
@@ -152,7 +160,10 @@ class Claimed:
 def parse_claimed(flat: list[Any]) -> list[Claimed]:
     """Split claim.lua's flat reply into Claimed records (the hot path of every drain:
     every value is decoded in one pass, then the records are cut from it)."""
-    values = [v.decode() if v.__class__ is bytes else str(v) for v in flat]
+    try:
+        values = [v.decode() if v.__class__ is bytes else str(v) for v in flat]
+    except UnicodeDecodeError:  # a field another producer wrote that is not UTF-8
+        return _parse_unreadable(flat)
     out = []
     for i in range(0, len(values), CLAIM_FIELDS):
         (job_id, token, name, payload, lane, attempts, max_attempts, backoff, created,
@@ -165,16 +176,111 @@ def parse_claimed(flat: list[Any]) -> list[Claimed]:
     return out
 
 
+def _parse_unreadable(flat: list[Any]) -> list[Claimed]:
+    """parse_claimed for a reply holding bytes that are not UTF-8: each such value is
+    decoded with replacement characters, and a payload among them marks its job
+    unreadable (its run fails it as corrupt); the rest of the batch runs as ever."""
+    out = []
+    for i in range(0, len(flat), CLAIM_FIELDS):
+        unreadable: list[str] = []
+        values = [_readable(v, unreadable, str(n)) for n, v in enumerate(flat[i:i + CLAIM_FIELDS])]
+        [claimed] = parse_claimed(values)
+        claimed.unreadable = "3" in unreadable  # the payload's place in a record
+        out.append(claimed)
+    return out
+
+
+def _readable(value: Any, unreadable: list[str], name: str | None) -> str | None:
+    """A reply's value as text; one that is not UTF-8 is decoded with replacement
+    characters and its ``name`` added to ``unreadable``."""
+    if value.__class__ is not bytes:
+        return _text(value)
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        unreadable.append(name or "")
+        return value.decode(errors="replace")
+
+
+def not_utf8(queue: str, job_id: str) -> str:
+    """The error of a job whose payload is not UTF-8 text."""
+    return f"job {job_id!r} in queue {queue!r} has a payload that is not UTF-8 text"
+
+
 def timeout_seconds(value: str | None) -> float | None:
-    """The ``timeout_ms`` field as seconds; None when absent, empty or not positive."""
+    """The ``timeout_ms`` field as seconds; None when absent, empty, not positive, or
+    past what a float holds (no limit, as good as)."""
     ms = _int(value)
-    return ms / 1000 if ms > 0 else None
+    try:
+        return ms / 1000 if ms > 0 else None
+    except OverflowError:
+        return None
+
+
+# what a depth check keeps of JSON text: the delimiters of strings, arrays and objects
+# (no other byte, UTF-8 included, can be one), with objects' braces made brackets
+_NOT_DELIMITER = bytes(b for b in range(256) if b not in b'"[]{}')
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_STEP = [0] * 256
+_STEP[ord("[")], _STEP[ord("]")] = 1, -1
+_PASSES = 8  # how many innermost levels are taken out a pass at a time (C) before counting
+
+
+def payload_depth(data: bytes) -> int:
+    """How deep arrays and objects nest in JSON text (UTF-8): 0 for a scalar, 1 for
+    ``[1]``. Every step runs in C: strings are cut out (escaped backslashes and quotes
+    first, then what lies between quotes), a few passes take out the innermost level
+    each (most JSON is that shallow), and what is left is counted."""
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    brackets = b"".join(unescaped.translate(_BRACKETS, _NOT_DELIMITER).split(b'"')[::2])
+    passes = 0
+    while brackets and passes < _PASSES:
+        brackets = brackets.replace(b"[]", b"")
+        passes += 1
+    return passes + max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def encode_json(value: Any, what: str, max_bytes: int, max_depth: int, *,
+                bytes_setting: str = "", depth_setting: str = "") -> str:
+    """JSON text of ``value`` (``what`` names it in errors: "payload", "progress") of at
+    most ``max_bytes`` of UTF-8, nested at most ``max_depth`` deep so that any consumer
+    can decode it; PayloadError otherwise, naming the limit (and the setting holding it)."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except RecursionError:  # deeper than the encoder goes, so past any limit
+        raise PayloadError(f"{what} is nested too deep to encode, over the limit of "
+                           f"{max_depth} levels{_named(depth_setting)}") from None
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from None
+    try:
+        data = text.encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from a decoded file name
+        raise PayloadError(f"{what} is not valid UTF-8 text: {exc.reason} at "
+                           f"position {exc.start}") from None
+    if len(data) > max_bytes:
+        raise PayloadError(f"{what} is {len(data)} bytes encoded, over the limit of "
+                           f"{max_bytes} bytes{_named(bytes_setting)}")
+    # no more brackets than the limit, no deeper either: most payloads stop here
+    if text.count("[") + text.count("{") > max_depth:
+        depth = payload_depth(data)
+        if depth > max_depth:
+            raise PayloadError(f"{what} is nested {depth} levels deep, over the limit of "
+                               f"{max_depth}{_named(depth_setting)}")
+    return text
+
+
+def _named(setting: str) -> str:
+    return f" ({setting})" if setting else ""
 
 
 def decode_payload(queue: str, job_id: str, text: str) -> Any:
-    """Parse a stored payload; raises `CorruptJob` naming the job when it is not JSON."""
+    """Parse a stored payload; raises `CorruptJob` naming the job when it is not JSON or
+    nests too deep for the decoder (a producer that skipped the admit checks wrote it)."""
     try:
         return json.loads(text)
     except ValueError as exc:
         raise CorruptJob(f"job {job_id!r} in queue {queue!r} has a payload that is not JSON: {exc}"
                          ) from None
+    except RecursionError:
+        raise CorruptJob(f"job {job_id!r} in queue {queue!r} has a payload nested too deep to "
+                         "decode") from None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,8 +11,7 @@ import redis
 from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import is_cluster
-from echomq.errors import PayloadError
-from echomq.job import Claimed, parse_claimed
+from echomq.job import Claimed, encode_json, parse_claimed
 from echomq.keys import Keys
 from echomq.scripts import Settled
 
@@ -192,13 +190,11 @@ class Lanes:
 
     def progress(self, job_id: str, token: str, value: Any) -> bool:
         """Record a running job's progress and extend its lease; False when the lease is
-        no longer this consumer's. Raises PayloadError for a value that is not small JSON."""
-        try:
-            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise PayloadError(f"progress is not JSON-serialisable: {exc}") from None
-        if len(text.encode()) > MAX_PROGRESS_BYTES:
-            raise PayloadError(f"progress is over {MAX_PROGRESS_BYTES} bytes encoded")
+        no longer this consumer's. Raises PayloadError for a value that is not small JSON
+        (at most MAX_PROGRESS_BYTES, nested no deeper than a payload may be)."""
+        text = encode_json(value, "progress", MAX_PROGRESS_BYTES,
+                           self.settings.max_payload_depth,
+                           depth_setting="QueueSettings.max_payload_depth")
         return scripts.progress(self.client, self.keys, self.settings.lease_ms, job_id, token,
                                 text)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -14,7 +13,7 @@ from typing import Any
 import redis
 
 from echomq import cron, pools, results, scripts
-from echomq.backoff import Backoff
+from echomq.backoff import MAX_DELAY_S, Backoff
 from echomq.config import MAX_LIMIT, QueueSettings
 from echomq.connection import (
     client_from_url,
@@ -31,9 +30,8 @@ from echomq.errors import (
     InvalidName,
     InvalidSchedule,
     NotReplicated,
-    PayloadError,
 )
-from echomq.job import STATES, Job
+from echomq.job import STATES, Job, encode_json
 from echomq.keys import DEFAULT_LANE, REGISTRY, Keys, validate_job_id, validate_name
 from echomq.tracing import current_traceparent
 
@@ -43,7 +41,6 @@ REPLICA_WAIT_MS = 1000  # durability "sync": how long an admit waits for a repli
 # Due times are stored as integer ms text; past 10**14 Lua would write them as floats
 # ("1e+14"), so schedules end well before that: year 5000, or 100 years from now.
 MAX_DUE_MS = 95_617_584_000_000  # 5000-01-01T00:00:00Z
-MAX_DELAY_S = 100 * 365.25 * 86_400
 PURGE_BATCH = 1000  # jobs per purge call: one call stays short
 PURGEABLE = ("completed", "dead", "cancelled")
 
@@ -299,22 +296,11 @@ class Queue:
         return None if ms == 0 else -ms
 
     def encode_payload(self, payload: Any) -> str:
-        """JSON-encode a payload, enforcing the size limit; raise PayloadError otherwise."""
-        try:
-            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
-        try:
-            size = len(text.encode())
-        except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from a decoded file name
-            raise PayloadError(f"payload is not valid UTF-8 text: {exc.reason} at "
-                               f"position {exc.start}") from None
-        if size > self.settings.max_payload_bytes:
-            raise PayloadError(
-                f"payload is {size} bytes encoded, over the limit of "
-                f"{self.settings.max_payload_bytes} bytes (QueueSettings.max_payload_bytes)"
-            )
-        return text
+        """JSON-encode a payload within the size and depth limits; PayloadError otherwise."""
+        return encode_json(payload, "payload", self.settings.max_payload_bytes,
+                           self.settings.max_payload_depth,
+                           bytes_setting="QueueSettings.max_payload_bytes",
+                           depth_setting="QueueSettings.max_payload_depth")
 
     def calls(self, specs: Sequence[tuple[str, list[Any], int | None]]
               ) -> list[tuple[scripts.LuaScript, list[str], list[Any]]]:

@@ -78,7 +78,7 @@ def decode_result(text: str) -> Any:
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or too deep to decode: the text
         return text
 
 

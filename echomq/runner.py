@@ -21,12 +21,12 @@ from time import perf_counter
 from typing import Any, Protocol
 
 from echomq import failures, loops
-from echomq.backoff import Backoff
+from echomq.backoff import Backoff, delay_ms
 from echomq.config import QueueSettings
 from echomq.control import Fail, Retry
 from echomq.current import CURRENT, call_in_job
 from echomq.errors import CorruptJob
-from echomq.job import Claimed, Job
+from echomq.job import Claimed, Job, payload_depth
 from echomq.lanes import Outcome
 from echomq.tracing import handler_span
 
@@ -96,33 +96,36 @@ class Runner:
     # --- running --------------------------------------------------------------------
 
     def run(self, claimed: Claimed) -> Outcome:
-        """Run one job in this thread; returns completed, failed or dead.
+        """Run one job in this thread; returns completed, failed or dead, whatever its
+        payload, handler or result raise.
 
         The hot path of every sync drain: one clock read before and after, no context
         manager unless the job carries a trace, and an awaitable looked for only when the
         handler returned something."""
         start = perf_counter()
-        prepared = self.prepare(claimed)
-        if prepared.__class__ is Outcome:
-            self._observe(claimed, prepared, start)  # type: ignore[arg-type]
-            return prepared  # type: ignore[return-value]
-        job, fn = prepared  # type: ignore[misc]
-        entered = CURRENT.set(job)
+        entered = None
         try:
-            if claimed.trace:  # a producer that was tracing: run in a span linked to it
-                with handler_span(self.queue, job.name, job.id, claimed.trace):
-                    result = self._call(claimed, fn, job)
+            prepared = self.prepare(claimed)
+            if prepared.__class__ is Outcome:
+                outcome: Outcome = prepared
             else:
-                result = fn(job)
-                if result is not None and inspect.isawaitable(result):
-                    result = self._own_loop().run_until_complete(
-                        _bounded(result, self.timeout_of(claimed)))
-        except Exception as exc:  # a handler failure is data, not a crash
+                job, fn = prepared  # type: ignore[misc]
+                entered = CURRENT.set(job)
+                if claimed.trace:  # a producer that was tracing: run in a span linked to it
+                    with handler_span(self.queue, job.name, job.id, claimed.trace):
+                        result = self._call(claimed, fn, job)
+                else:
+                    result = fn(job)
+                    if result is not None and inspect.isawaitable(result):
+                        result = self._own_loop().run_until_complete(
+                            _bounded(result, self.timeout_of(claimed)))
+                outcome = self.completed(claimed, result)
+        except (Exception, asyncio.CancelledError) as exc:  # a handler failure is data, not
+            # a crash (a coroutine it returned may raise CancelledError, no Exception)
             outcome = self.failed(claimed, exc, self.timeout_of(claimed))
-        else:
-            outcome = self.completed(claimed, result)
         finally:
-            CURRENT.reset(entered)
+            if entered is not None:
+                CURRENT.reset(entered)
         self._observe(claimed, outcome, start)
         return outcome
 
@@ -147,6 +150,7 @@ class Runner:
                 result = await loop.run_in_executor(threads, call_in_job, fn, job)
                 if inspect.isawaitable(result):
                     result = await _bounded(result, timeout)
+            outcome = self.completed(claimed, result)
         except asyncio.CancelledError as exc:
             # the drain never cancels the task a job runs in (a stop lets it finish): the
             # handler cancelled it, or raised it itself. A failure like any other; raised
@@ -159,8 +163,6 @@ class Runner:
             outcome = self.failed(claimed, exc, timeout)
         except Exception as exc:
             outcome = self.failed(claimed, exc, timeout)
-        else:
-            outcome = self.completed(claimed, result)
         finally:
             CURRENT.reset(entered)
         self._observe(claimed, outcome, start)
@@ -182,7 +184,7 @@ class Runner:
         if isinstance(exc, Fail):
             return Outcome(claimed.id, claimed.token, "d", text)
         if isinstance(exc, Retry):
-            return Outcome(claimed.id, claimed.token, "f", text, int(exc.delay * 1000))
+            return Outcome(claimed.id, claimed.token, "f", text, delay_ms(exc.delay))
         return Outcome(claimed.id, claimed.token, "f", text, self.retry_ms(claimed))
 
     def retry_ms(self, claimed: Claimed) -> int:
@@ -219,23 +221,41 @@ class Runner:
         return self.handler
 
     def _encode_result(self, result: Any) -> str:
+        """The result as JSON (its repr, when it is not JSON); a note instead when it is
+        past the payload limits, so that whoever reads it can decode it, or when its repr
+        raises (the handler's work is done: failing the job would run it again)."""
         if result is None:
             return ""
         try:
-            text = json.dumps(result, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError):
-            text = json.dumps(repr(result))
+            try:
+                text = json.dumps(result, separators=(",", ":"), ensure_ascii=False,
+                                  allow_nan=False)
+            except (TypeError, ValueError):
+                text = json.dumps(repr(result))
+        except RecursionError:  # nested deeper than the encoder (or repr) goes
+            return self._too_deep_note()
+        except Exception as exc:  # noqa: BLE001 - its repr raised: the job is done all the same
+            return json.dumps(f"<result of type {type(result).__name__} not kept: its repr "
+                              f"raised {type(exc).__name__}>")
         if len(text) > self.settings.max_payload_bytes:
             return json.dumps(f"<result of {len(text)} bytes not kept>")
+        depth = self.settings.max_payload_depth
+        if text.count("[") + text.count("{") > depth and payload_depth(
+                text.encode(errors="surrogatepass")) > depth:  # a lone surrogate is kept as is
+            return self._too_deep_note()
         return text
+
+    def _too_deep_note(self) -> str:
+        return json.dumps(f"<result nested deeper than {self.settings.max_payload_depth} "
+                          "levels not kept>")
 
 
 def retry_ms_of(settings: QueueSettings, attempts: int, backoff_text: str,
                 rng: random.Random | None = None) -> int:
     """Milliseconds before the retry of failed attempt ``attempts``: the job's own backoff
-    (its encoded text) or the queue's."""
+    (its encoded text, when valid) or the queue's; whole ms, at most 100 years."""
     backoff = Backoff.decode(backoff_text) if backoff_text else None
-    return int((backoff or settings.backoff).delay(attempts, rng) * 1000)
+    return delay_ms((backoff or settings.backoff).delay(attempts, rng))
 
 
 def is_async(fn: Any) -> bool:
