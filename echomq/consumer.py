@@ -12,6 +12,12 @@ of the consumer's own (:mod:`echomq.concurrent`) while this loop parks. A job's
 time limit cancels an async handler; a sync handler cannot be interrupted in
 its thread, so only the supervisor (which ends the process) enforces it there.
 
+No supervisor watches this consumer, so nothing knows which of its jobs was
+running when its process dies: every job it held comes back by lease expiry,
+charged a stall. So with a sync handler and ``concurrency`` 1 it holds one job
+at a time (the settle of each is fused with the claim of the next), and a job
+that kills the process is the only one charged.
+
 A stop (:meth:`Consumer.stop`, or SIGINT or SIGTERM while :meth:`Consumer.run`
 runs in the main thread) claims no more, hands back unstarted the jobs claimed
 but not started, and lets the running ones finish and settle within
@@ -282,8 +288,10 @@ class Consumer:
         return self._stopping
 
     def batch_size(self) -> int:
-        """Drain hook: how many jobs the next claim may take."""
-        return self.runner.batch_size()
+        """Drain hook: how many jobs the next claim may take: one. No supervisor knows which
+        job was running when this process dies, so every job held then is charged a stall;
+        holding one, only the job that killed it is."""
+        return 1
 
     def on_batch(self, batch: Sequence[Claimed]) -> None:
         """Drain hook: the claimed batch is held (its leases are kept alive)."""

@@ -1,4 +1,4 @@
-"""The standalone consumer as its own process, stopped by a signal.
+"""The standalone consumer as its own process: a stop by signal, and a crash by one job.
 
 Real ``echomq.Consumer(...).run()`` subprocesses (standalone_proc.py), real signals,
 ``os._exit`` in a handler; executions are counted from the ledger the handler writes.
@@ -150,3 +150,35 @@ def test_a_stop_past_the_drain_timeout_hands_running_jobs_back_counting_a_stall(
         assert job.stalls == 1 and job.attempts == 1, job
     assert r.zcard(f"emq:{{{queue_name}}}:leases") == 0
 
+
+def test_a_crash_charges_only_the_running_job_of_a_standalone_consumer(
+        redis_url: str, queue_name: str, r: redis.Redis,
+        consumers: Callable[..., Consumer]) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    # fast jobs before it: a consumer that claims batches has grown them by then
+    ids = q.add_many([("x", {}, {"job_id": f"j{i:02d}"}) for i in range(3)])
+    ids += q.add_many([("x", {"exit": 9}, {"job_id": "j03"})])
+    ids += q.add_many([("x", {}, {"job_id": f"j{i:02d}"}) for i in range(4, 30)])
+    deadline = time.monotonic() + 90
+    crashes = 0
+    while not (q.counts()["completed"] == 29 and q.counts()["dead"] == 1):
+        assert time.monotonic() < deadline, (q.counts(), _started(r, queue_name))
+        c = consumers(redis_url, queue_name, "--lease-ms", "1000")
+        # run until it dies, or until every job is settled
+        wait_until(lambda: c.proc.poll() is not None  # noqa: B023
+                   or (q.counts()["completed"] == 29 and q.counts()["dead"] == 1), 60,
+                   "a crash or the end")
+        if c.proc.poll() is not None:
+            assert c.proc.returncode == 9, c.output()
+            crashes += 1
+        assert crashes <= 3, _started(r, queue_name)
+    dead = q.dead()
+    assert [j.id for j in dead] == ["j03"] and "stalled 2 times" in (dead[0].error or "")
+    for job_id in ids:
+        if job_id != "j03":
+            job = q.get(job_id)
+            assert job is not None and job.state == "completed", job
+            assert job.stalls == 0, job  # finished or never started: no charge
+    runs = Counter(job_id for job_id, _, _ in _started(r, queue_name))
+    assert runs["j03"] == 2 and crashes == 2
+    assert all(runs[j] == 1 for j in ids if j != "j03"), runs
