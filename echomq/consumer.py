@@ -62,7 +62,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Consumer:
-    """Runs ``handler(job)`` for the jobs of one queue until :meth:`stop`."""
+    """Runs ``handler(job)`` for the jobs of one queue until :meth:`stop` (or SIGINT or
+    SIGTERM while :meth:`run` has the main thread). ``drain_timeout``: how long a stop
+    lets running jobs finish before they go back counting a stall (default 25 s)."""
 
     def __init__(
         self,
