@@ -396,6 +396,8 @@ class Consumer:
     def _past_deadline(self) -> None:
         """The drain timeout passed with a sync job still running in the main thread."""
         if self._running and self._main_ident is not None:
+            log.warning("queue %s: drain timeout: interrupting the running job, which goes "
+                        "back counting a stall", self.queue.name)
             signal.pthread_kill(self._main_ident, self._stop_signal)
 
     def _finish_pool(self, pool: ConcurrentDrain) -> None:

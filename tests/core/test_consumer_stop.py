@@ -149,6 +149,7 @@ def test_a_stop_past_the_drain_timeout_hands_running_jobs_back_counting_a_stall(
         assert job is not None and job.state == "waiting", job
         assert job.stalls == 1 and job.attempts == 1, job
     assert r.zcard(f"emq:{{{queue_name}}}:leases") == 0
+    assert "drain timeout" in a.output() and "stale" not in a.output(), a.output()
 
 
 def test_a_crash_charges_only_the_running_job_of_a_standalone_consumer(
