@@ -339,8 +339,9 @@ class Consumer:
         with self._held_lock:
             held = list(self._held.items())
             self._held.clear()
-        rest = [pair for pair in held if pair not in self._running]
-        cut = [pair for pair in held if pair in self._running]
+            running, self._running = self._running, set()  # nothing for a signal to cut now
+        rest = [pair for pair in held if pair not in running]
+        cut = [pair for pair in held if pair in running]
         try:
             if rest:
                 self.lanes.release(rest, "unstarted")

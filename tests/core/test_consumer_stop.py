@@ -130,13 +130,17 @@ def test_a_signal_lets_running_jobs_finish_and_no_other_consumer_runs_them(
     assert r.zcard(f"emq:{{{queue_name}}}:leases") == 0
 
 
-@pytest.mark.parametrize("mode", [("--concurrency", "1"), ("--concurrency", "3", "--async")])
+@pytest.mark.parametrize(("mode", "sleep"), [
+    (("--concurrency", "1"), 120),  # interrupted in the main thread
+    (("--concurrency", "3", "--async"), 120),  # cancelled
+    (("--concurrency", "2"), 4),  # runs on in its thread: the process exits once it returns
+])
 def test_a_stop_past_the_drain_timeout_hands_running_jobs_back_counting_a_stall(
         redis_url: str, queue_name: str, r: redis.Redis,
-        consumers: Callable[..., Consumer], mode: tuple[str, ...]) -> None:
+        consumers: Callable[..., Consumer], mode: tuple[str, ...], sleep: float) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
-    running = 1 if mode[1] == "1" else 3
-    ids = q.add_many([("x", {"sleep": 120}, {"job_id": f"j{i}"}) for i in range(running)])
+    running = int(mode[1])
+    ids = q.add_many([("x", {"sleep": sleep}, {"job_id": f"j{i}"}) for i in range(running)])
     a = consumers(redis_url, queue_name, *mode, "--drain-timeout", "0.5")
     wait_until(lambda: len(_started(r, queue_name)) == running, 30, "the jobs to start")
     t0 = time.monotonic()
