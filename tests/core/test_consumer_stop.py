@@ -91,7 +91,8 @@ def _started(r: redis.Redis, queue: str) -> list[tuple[str, int, int]]:
     """(job id, pid, attempt) of every start, in order."""
     out = []
     for raw in r.lrange(f"ledger:{queue}:started", 0, -1):
-        job_id, pid, attempt = raw.decode().rsplit(":", 2)
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        job_id, pid, attempt = text.rsplit(":", 2)
         out.append((job_id, int(pid), int(attempt)))
     return out
 
