@@ -188,3 +188,25 @@ def test_a_crash_charges_only_the_running_job_of_a_standalone_consumer(
     runs = Counter(job_id for job_id, _, _ in _started(r, queue_name))
     assert runs["j03"] == 2 and crashes == 2
     assert all(runs[j] == 1 for j in ids if j != "j03"), runs
+
+
+@pytest.mark.parametrize("mode", [("--concurrency", "1"), ("--concurrency", "2", "--async")])
+def test_a_second_signal_hands_running_jobs_back_at_once(
+        redis_url: str, queue_name: str, r: redis.Redis,
+        consumers: Callable[..., Consumer], mode: tuple[str, ...]) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    running = int(mode[1])
+    ids = q.add_many([("x", {"sleep": 120}, {"job_id": f"j{i}"}) for i in range(running)])
+    a = consumers(redis_url, queue_name, *mode)  # the default drain timeout: 25 s
+    wait_until(lambda: len(_started(r, queue_name)) == running, 30, "the jobs to start")
+    a.proc.send_signal(signal.SIGINT)
+    wait_until(lambda: any("SIGINT: stopping" in line for line in a.lines), 15,
+               "the first signal to be taken")
+    t0 = time.monotonic()
+    a.proc.send_signal(signal.SIGINT)
+    assert a.wait(20) == 0, a.output()
+    assert time.monotonic() - t0 < 15, a.output()
+    for job_id in ids:
+        job = q.get(job_id)
+        assert job is not None and job.state == "waiting", job
+        assert job.stalls == 1 and job.attempts == 1, job
