@@ -105,7 +105,7 @@ def test_a_signal_lets_running_jobs_finish_and_no_other_consumer_runs_them(
     q = echomq.Queue(queue_name, redis_url=redis_url)
     long = [f"long{i}" for i in range(concurrency)]
     short = ["short0", "short1"]
-    q.add_many([("x", {"sleep": 4}, {"job_id": j}) for j in long])
+    q.add_many([("x", {"sleep": 6}, {"job_id": j}) for j in long])
     q.add_many([("x", {}, {"job_id": j}) for j in short])
     a = consumers(redis_url, queue_name, "--concurrency", str(concurrency))
     wait_until(lambda: len(_started(r, queue_name)) == concurrency, 30, "the long jobs to start")
