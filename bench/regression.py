@@ -6,7 +6,9 @@ raw redis-py reference loop measured in the same run on the same private server.
 
 Each round, in one process on one private server: the reference (pipelines of 100 `RPUSH`
 + 100 `LPOP` of 1-byte values), then EchoMQ (20,000 no-op jobs admitted with `add_many`,
-drained by an in-process `Consumer(...).run(burst=True)`). Both are counted per CPU second
+drained by an in-process `Consumer(...).run(burst=True)` claiming batches as the
+supervisor's consumers do; a standalone sync consumer claims one job at a time, measured
+apart by standalone_claims.py). Both are counted per CPU second
 (this process's CPU time plus the server's, from `INFO cpu`), not per wall second: on a
 loaded machine wall time mostly measures the other tenants, CPU time the work done. The
 ratio of the two rates cancels most of what a slower machine does to both. Seven rounds,
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import benchlib as bl
+from standalone_claims import Batched
 
 import echomq
 
@@ -60,7 +63,7 @@ def drain_rate(url: str, r: Any) -> float:
     name = bl.unique_queue("regress")
     q = echomq.Queue(name, redis_url=url)
     bl.admit_noop(q, JOBS)
-    consumer = echomq.Consumer(q, lambda job: None)
+    consumer = Batched(q, lambda job: None)
     t0 = cpu_seconds(r)
     consumer.run(burst=True)
     elapsed = cpu_seconds(r) - t0

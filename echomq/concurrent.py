@@ -90,6 +90,8 @@ class ConcurrentDrain:
         # they go back (uncharged) once no round trip is under way
         self.claim_unknown = False
         self.handback: list[tuple[str, str]] = []  # unstarted jobs to release (when stopping)
+        # running jobs given up past the owner's drain timeout: released counting a stall
+        self.overdue: list[tuple[str, str]] = []
         self.loop = loops.new_event_loop()
         self.threads = ThreadPoolExecutor(concurrency, thread_name_prefix="echomq-job")
         # by (job id, token): a job claimed again after its old lease was reaped may run
@@ -138,6 +140,13 @@ class ConcurrentDrain:
             self._on_stop()
 
         self._call(on_stop)
+
+    def give_up(self) -> None:
+        """Past the owner's drain timeout: stop as :meth:`stop` with ``abandon`` does, and
+        hand back the running jobs counting a stall, as the supervisor does with a process
+        it ends at its drain deadline. An async job is cancelled; a sync handler's thread
+        cannot be stopped, so it runs on unseen and its outcome is dropped."""
+        self._call(self._on_give_up)
 
     def start(self) -> None:
         """Run the loop in a thread of its own."""
@@ -210,6 +219,16 @@ class ConcurrentDrain:
         self._hand_back_buffer()
         self._set_wake()
 
+    def _on_give_up(self) -> None:
+        self.abandon = True
+        self._on_stop()
+        for key, task in self.in_flight.items():
+            self.overdue.append(key)
+            task.cancel()
+        self.in_flight.clear()  # what a given-up job's task returns is dropped (_run_one)
+        self.alone = False
+        self._set_wake()
+
     def _hand_back_buffer(self) -> None:
         """Claimed jobs that have not started go back to their lanes, unstarted."""
         while self.buffer:
@@ -236,7 +255,7 @@ class ConcurrentDrain:
             if self.hooks.stop_requested():
                 self._on_stop()
             if self.stopping and not (self.in_flight or self.done or self.trips
-                                      or self.handback):
+                                      or self.handback or self.overdue):
                 return
             if self.blocked:
                 if self.trips:
@@ -276,7 +295,7 @@ class ConcurrentDrain:
                 + self.claiming + len(self.handback))
             # a settle carries a claim for the free room even when dry: it costs no round trip
             claim = room > 0 and not self.stopping and (not self.dry or bool(self.done))
-            if ((not self.done and not claim and not self.handback)
+            if ((not self.done and not claim and not self.handback and not self.overdue)
                     or len(self.trips) >= MAX_ROUND_TRIPS):
                 if self.dry and not (self.in_flight or self.buffer or self.done or self.trips
                                      or self.handback):
@@ -285,12 +304,13 @@ class ConcurrentDrain:
                 continue
             outcomes, self.done = self.done, []
             handback, self.handback = self.handback, []
+            overdue, self.overdue = self.overdue, []
             want = min(MAX_CLAIM, room + len(outcomes)) if claim else 0
             self.settling += len(outcomes)
             self.claiming += want
             chain, self.chain = self.chain and bool(want), self.chain and not want
             trip = self.loop.create_task(self._round_trip(outcomes, want, chain, handback,
-                                                          self.pokes))
+                                                          self.pokes, overdue))
             self.trips.add(trip)
 
     async def _wait(self) -> None:
@@ -299,12 +319,14 @@ class ConcurrentDrain:
         self._wake.clear()
 
     async def _round_trip(self, outcomes: list[Outcome], want: int, chain: bool,
-                          handback: list[tuple[str, str]], pokes: int = 0) -> None:
-        """Settle finished jobs, claim ``want`` more and hand back unstarted ones, in one
-        pipeline (with ``chain``, the claim rings the doorbell when work remains, so parked
-        consumers join in). ``pokes``: the poke count when it was sent; a short claim
-        makes the drain dry only if no poke came since (the work it announced came after
-        this claim ran, and its ring is spent)."""
+                          handback: list[tuple[str, str]], pokes: int = 0,
+                          overdue: list[tuple[str, str]] | None = None) -> None:
+        """Settle finished jobs, claim ``want`` more, hand back unstarted ones and the
+        ``overdue`` ones (given up, counting a stall), in one pipeline (with ``chain``, the
+        claim rings the doorbell when work remains, so parked consumers join in).
+        ``pokes``: the poke count when it was sent; a short claim makes the drain dry only
+        if no poke came since (the work it announced came after this claim ran, and its
+        ring is spent)."""
         calls = []
         if outcomes:
             calls.append(self.lanes.settle_call(outcomes))
@@ -312,6 +334,8 @@ class ConcurrentDrain:
             calls.append(self.lanes.claim_call(want, chain))
         if handback:
             calls.append(self.lanes.release_call(handback, "unstarted"))
+        if overdue:
+            calls.append(self.lanes.release_call(overdue, "stall"))
         try:
             replies = await self._execute(calls)
         except UNAVAILABLE_ERRORS as exc:
@@ -323,7 +347,8 @@ class ConcurrentDrain:
             self._set_wake()
         settle_reply = replies[0] if outcomes else None
         claim_reply = replies[1 if outcomes else 0] if want else None
-        release_reply = replies[-1] if handback else None
+        release_reply = replies[len(calls) - 1 - bool(overdue)] if handback else None
+        overdue_reply = replies[-1] if overdue else None
         # settled first: their holdings entries free up before the new batch takes them
         if outcomes and not isinstance(settle_reply, Exception):
             self._settled(outcomes, scripts.settled_codes(settle_reply))
@@ -335,6 +360,8 @@ class ConcurrentDrain:
             self.hooks.on_unstarted(handback)
         elif handback:
             self.handback = handback + self.handback  # kept: still held, released later
+        if overdue and isinstance(overdue_reply, Exception):
+            self.overdue = overdue + self.overdue
         # a claim that went through is held and run even when the settle beside it failed
         if want and not isinstance(claim_reply, Exception):
             batch = parse_claimed(claim_reply)
@@ -346,7 +373,7 @@ class ConcurrentDrain:
                 self.hooks.on_dry()
         if isinstance(claim_reply, Exception):
             self.claim_unknown = True
-        failed = next((r for r in (settle_reply, claim_reply, release_reply)
+        failed = next((r for r in (settle_reply, claim_reply, release_reply, overdue_reply)
                        if isinstance(r, Exception)), None)
         if failed is None:
             self.failures = 0
@@ -369,7 +396,7 @@ class ConcurrentDrain:
         if not self.lanes.claimer:
             return
         held = {*self.in_flight, *((c.id, c.token) for c, _ in self.buffer),
-                *((o.job_id, o.token) for o in self.done), *self.handback}
+                *((o.job_id, o.token) for o in self.done), *self.handback, *self.overdue}
         raw = await self.aclient.lrange(self.lanes.keys.claims(self.lanes.claimer), 0, -1)
         unheld = unheld_claims(raw, held)
         if unheld:
@@ -454,9 +481,11 @@ class ConcurrentDrain:
             # this is one of its own, and still the job's failure, so the job is settled
             outcome = self.runner.failed(claimed, exc, None)
         finally:
-            self.in_flight.pop((claimed.id, claimed.token), None)
-            if claimed.alone:
+            given_up = self.in_flight.pop((claimed.id, claimed.token), None) is None
+            if claimed.alone and not given_up:
                 self.alone = False
+        if given_up:  # handed back counting a stall (give_up): its outcome is not ours
+            return
         ran = self.loop.time() - started
         mean = self.mean_run_s
         self.mean_run_s = ran if mean is None else mean + RUN_TIME_WEIGHT * (ran - mean)

@@ -11,6 +11,9 @@ from echomq.errors import ConfigError
 
 DURABILITIES = ("volatile", "folded", "sync")
 DOORBELLS = ("list", "marker")  # what consumers park on: BLPOP wake, or BZPOPMIN marker
+# how long a stop lets running jobs finish (the supervisor's --drain-timeout, a standalone
+# Consumer's drain_timeout): below Kubernetes' default 30 s grace period
+DEFAULT_DRAIN_TIMEOUT_S = 25.0
 
 # a lane's active count carries its blocked flag as + 10^9 (claim.lua): limits stay below
 MAX_LIMIT = 999_999_999

@@ -11,6 +11,21 @@ With ``concurrency`` > 1 or an ``async def`` handler, jobs run on an event loop
 of the consumer's own (:mod:`echomq.concurrent`) while this loop parks. A job's
 time limit cancels an async handler; a sync handler cannot be interrupted in
 its thread, so only the supervisor (which ends the process) enforces it there.
+
+No supervisor watches this consumer, so nothing knows which of its jobs was
+running when its process dies: every job it held comes back by lease expiry,
+charged a stall. So with a sync handler and ``concurrency`` 1 it holds one job
+at a time (the settle of each is fused with the claim of the next), and a job
+that kills the process is the only one charged.
+
+A stop (:meth:`Consumer.stop`, or SIGINT or SIGTERM while :meth:`Consumer.run`
+runs in the main thread) claims no more, hands back unstarted the jobs claimed
+but not started, and lets the running ones finish and settle within
+``drain_timeout`` seconds. Past it (or at a second signal) the jobs still
+running go back counting a stall, as the supervisor's drain timeout does: an
+async job is cancelled, a sync job in the main thread is interrupted with
+KeyboardInterrupt, and a sync job in a thread of the pool, which cannot be
+stopped, runs on with its outcome dropped (the process exits once it returns).
 """
 
 from __future__ import annotations
@@ -18,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -28,9 +44,10 @@ import redis.exceptions
 
 from echomq import loops, scripts
 from echomq.concurrent import ConcurrentDrain
-from echomq.config import QueueSettings
+from echomq.config import DEFAULT_DRAIN_TIMEOUT_S, QueueSettings
 from echomq.connection import UNAVAILABLE_ERRORS
 from echomq.drain import Drain
+from echomq.errors import ConfigError
 from echomq.job import Claimed
 from echomq.lanes import Lanes, Outcome, record_lane_limit
 from echomq.queue import Queue
@@ -40,10 +57,14 @@ from echomq.wake import Doorbell, claim_doorbell
 
 log = logging.getLogger("echomq.consumer")
 MAX_RECONNECT_WAIT_S = 5.0
+GIVE_UP_WAIT_S = 5.0  # past the drain timeout: how long the given-up pool may take to end
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Consumer:
-    """Runs ``handler(job)`` for the jobs of one queue until :meth:`stop`."""
+    """Runs ``handler(job)`` for the jobs of one queue until :meth:`stop` (or SIGINT or
+    SIGTERM while :meth:`run` has the main thread). ``drain_timeout``: how long a stop
+    lets running jobs finish before they go back counting a stall (default 25 s)."""
 
     def __init__(
         self,
@@ -56,9 +77,14 @@ class Consumer:
         lease_ms: int | None = None,
         concurrency: int | None = None,
         job_timeout: float | None = None,
+        drain_timeout: float | None = None,
         settings: QueueSettings | None = None,
         **overrides: Any,
     ) -> None:
+        self.drain_timeout = DEFAULT_DRAIN_TIMEOUT_S if drain_timeout is None else \
+            float(drain_timeout)
+        if not self.drain_timeout >= 0:
+            raise ConfigError(f"drain_timeout must be >= 0, got {drain_timeout}")
         if concurrency is not None:
             overrides["concurrency"] = concurrency
         loops.loop_kind()  # a bad ECHOMQ_EVENT_LOOP fails here, before any job is claimed
@@ -84,7 +110,14 @@ class Consumer:
         os.set_blocking(self._stop_r, False)
         os.set_blocking(self._stop_w, False)
         self._held: dict[str, str] = {}
+        self._running: set[tuple[str, str]] = set()  # (id, token) of the jobs running now
         self._held_lock = threading.Lock()
+        self._stop_deadline: float | None = None  # monotonic; set by the first stop
+        self._signalled = False  # a stop signal came while run() had its handlers in place
+        self._cut = False  # past the drain timeout, or stopped at once: give up running jobs
+        self._main_ident: int | None = None
+        self._stop_signal = int(signal.SIGINT)
+        self._deadline_timer: threading.Timer | None = None
         self._drainer = Drain(self.lanes, self.runner, self)
         # no claim sent ahead: a standalone consumer keeps no claims record and has no
         # parent, so jobs claimed ahead that it never held would only come back by lease
@@ -96,7 +129,10 @@ class Consumer:
     # --- control ---------------------------------------------------------------
 
     def stop(self) -> None:
-        """End the loop after the job in hand; safe from a signal handler or another thread."""
+        """Claim no more and end the loop once the running jobs are settled (within
+        ``drain_timeout`` when concurrent); safe from a signal handler or another thread."""
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.drain_timeout
         self._stopping = True
         if self._pool is not None:
             self._pool.stop(abandon=True)
@@ -113,7 +149,11 @@ class Consumer:
     # --- the loop --------------------------------------------------------------
 
     def run(self, *, burst: bool = False) -> int:
-        """Consume until stopped (with ``burst``: until nothing is claimable). Returns jobs run."""
+        """Consume until stopped (with ``burst``: until nothing is claimable). Returns jobs run.
+
+        In the main thread, SIGINT and SIGTERM stop it (see :meth:`stop`) unless the
+        application set handlers of its own; run() then returns once the running jobs are
+        settled or, past ``drain_timeout``, handed back."""
         keys = self.queue.keys
         doorbell = Doorbell(self.queue.redis, keys, self.settings.beat_ms / 1000,
                             self.settings.doorbell)
@@ -132,6 +172,7 @@ class Consumer:
         next_promote = next_reap = 0.0  # monotonic deadlines; 0 = now
         failures = 0
         work = True  # drain on the first pass, then only when a ring or the pump found work
+        taken = self._take_signals()
         try:
             while not self._stopping:
                 try:
@@ -190,15 +231,23 @@ class Consumer:
                     next_promote = next_reap = 0.0
                     work = True
         except KeyboardInterrupt:
-            self._release_held("requeue")
-            raise
+            # a sync job in this thread was cut off (past the drain timeout, a second signal,
+            # or an interrupt of the application's); the pool hands back its own
+            if self._pool is None:
+                self._hand_back()
+            else:
+                self._cut = True
+            if not self._signalled:
+                raise
         finally:
             if self._pool is not None:
                 self._pool.stop(abandon=True)
-                self._pool.join()
+                self._finish_pool(self._pool)
             heartbeat_stop.set()
             doorbell.close()
             heartbeat.join(timeout=5)
+            self._give_back_signals(taken)
+            self._running.clear()
         return self.processed
 
     def _reap(self, lease_s: float) -> tuple[float, bool]:
@@ -241,8 +290,10 @@ class Consumer:
         return self._stopping
 
     def batch_size(self) -> int:
-        """Drain hook: how many jobs the next claim may take."""
-        return self.runner.batch_size()
+        """Drain hook: how many jobs the next claim may take: one. No supervisor knows which
+        job was running when this process dies, so every job held then is charged a stall;
+        holding one, only the job that killed it is."""
+        return 1
 
     def on_batch(self, batch: Sequence[Claimed]) -> None:
         """Drain hook: the claimed batch is held (its leases are kept alive)."""
@@ -251,9 +302,11 @@ class Consumer:
     def on_start(self, claimed: Claimed, in_thread: bool = True) -> None:
         """Drain hook: a job's handler is about to run."""
         self.processed += 1
+        self._running.add((claimed.id, claimed.token))
 
     def on_finish(self, claimed: Claimed) -> None:
-        """Nothing to do: the job stays held (and extended) until its outcome is settled."""
+        """Drain hook: the job stays held (and extended) until its outcome is settled."""
+        self._running.discard((claimed.id, claimed.token))
 
     def on_unstarted(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Drain hook: these (job id, token) pairs went back unstarted; stop holding them."""
@@ -280,15 +333,88 @@ class Consumer:
                 if self._held.get(job_id) == token:
                     del self._held[job_id]
 
-    def _release_held(self, mode: str) -> None:
+    def _hand_back(self) -> None:
+        """Hand back every job held: one cut off mid-run counting a stall, the rest (never
+        started, or finished with the outcome unsettled) uncharged, in claim order."""
         with self._held_lock:
             held = list(self._held.items())
             self._held.clear()
+            running, self._running = self._running, set()  # nothing for a signal to cut now
+        rest = [pair for pair in held if pair not in running]
+        cut = [pair for pair in held if pair in running]
         try:
-            self.lanes.release(held, mode)
+            if rest:
+                self.lanes.release(rest, "unstarted")
+            if cut:  # released last, so it goes back in front of the ones claimed after it
+                self.lanes.release(cut, "stall")
         except UNAVAILABLE_ERRORS:
             log.warning("queue %s: could not hand back %d jobs; their leases will expire",
                         self.queue.name, len(held))
+
+    # --- stopping ------------------------------------------------------------------
+
+    def _take_signals(self) -> dict[int, Any]:
+        """In the main thread, make SIGINT and SIGTERM stop this consumer, unless the
+        application set handlers of its own; returns the handlers replaced."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        self._main_ident = threading.get_ident()
+        taken: dict[int, Any] = {}
+        for sig in STOP_SIGNALS:
+            previous = signal.getsignal(sig)
+            if previous is signal.default_int_handler or previous == signal.SIG_DFL:
+                taken[sig] = previous
+                signal.signal(sig, self._on_signal)
+        return taken
+
+    def _give_back_signals(self, taken: dict[int, Any]) -> None:
+        timer, self._deadline_timer = self._deadline_timer, None
+        if timer is not None:
+            timer.cancel()
+            timer.join()  # a signal it sent is handled here, by _on_signal
+        for sig, previous in taken.items():
+            signal.signal(sig, previous)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """SIGINT or SIGTERM: the first stops (the running jobs may finish within the drain
+        timeout); another, or the drain timeout passing, cuts the running jobs off."""
+        if not self._signalled:
+            self._signalled = True
+            self._stop_signal = signum
+            log.warning("queue %s: %s: stopping; %d running job(s) may finish within %.3g s "
+                        "(send it again to stop at once)", self.queue.name,
+                        signal.Signals(signum).name, len(self._running), self.drain_timeout)
+            self.stop()
+            if self._pool is None:  # the pool's bound is kept by _finish_pool
+                self._deadline_timer = threading.Timer(self.drain_timeout, self._past_deadline)
+                self._deadline_timer.daemon = True
+                self._deadline_timer.start()
+            return
+        self._cut = True
+        if self._pool is None and self._running:
+            raise KeyboardInterrupt  # out of the sync job running in this thread
+
+    def _past_deadline(self) -> None:
+        """The drain timeout passed with a sync job still running in the main thread."""
+        if self._running and self._main_ident is not None:
+            log.warning("queue %s: drain timeout: interrupting the running job, which goes "
+                        "back counting a stall", self.queue.name)
+            signal.pthread_kill(self._main_ident, self._stop_signal)
+
+    def _finish_pool(self, pool: ConcurrentDrain) -> None:
+        """Wait for the pool's running jobs to finish and settle until the drain timeout (or
+        a second signal); then have it hand them back counting a stall."""
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.drain_timeout
+        while not pool.join(min(0.1, max(0.0, self._stop_deadline - time.monotonic()))):
+            if self._cut or time.monotonic() >= self._stop_deadline:
+                log.warning("queue %s: drain timeout: handing back %d running job(s), "
+                            "counting a stall", self.queue.name, len(self._running))
+                pool.give_up()
+                if not pool.join(GIVE_UP_WAIT_S):
+                    log.warning("queue %s: the drain did not end; leases it holds will "
+                                "expire", self.queue.name)
+                return
 
     def _heartbeat(self) -> None:
         """Extend the leases in hand every third of a lease period."""

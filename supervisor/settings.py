@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from echomq.config import DOORBELLS
+from echomq.config import DEFAULT_DRAIN_TIMEOUT_S, DOORBELLS
 from echomq.errors import ConfigError
 
 # flag (without dashes, underscores) -> environment variable
@@ -46,7 +46,6 @@ ENV_VARS: dict[str, str] = {
 }
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_DRAIN_TIMEOUT_S = 25.0  # below Kubernetes' default 30 s grace period
 DEFAULT_SPILL_HORIZON_S = 3600.0
 DURABILITIES = ("volatile", "folded", "sync")
 
