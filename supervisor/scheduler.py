@@ -379,7 +379,11 @@ class Scheduler:
     def _sweep(self) -> None:
         """Fold one batch of jobs nobody folded: the schedule set's first, then those
         promoted meanwhile, on the lanes, then leased (the way jobs move, so one that
-        moves on during the sweep is met again). Idempotent with the fold log.
+        moves on during the sweep is met again). A job that moves back, from its lease to
+        its lane (a release, a reap, a drain's hand-back), may miss every phase: reap.lua
+        appends it to the fold log instead (the lead call that started the sweep renewed
+        the fold lease), as schedule.lua and settle.lua do a job entering the schedule
+        set. Idempotent with the fold log.
 
         Other processes change these keys between two batches, so no batch is found by
         its rank: the sets are walked with ZSCAN (every member present from the first
