@@ -349,9 +349,9 @@ def test_a_lapsed_fold_sweep_misses_no_waiting_job_when_claims_pop_the_lane_betw
 
 
 def _notice_lapse(sched: Scheduler) -> None:
-    """A beat that finds the fold lease lapsed while its floor work waits (the floor backs
-    off): the lead call renews the lease, so scripts log again from here on, and the
-    sweep starts, to be driven a slice at a time."""
+    """A beat that finds the fold lease lapsed (or the logs over their bound) while its
+    floor work waits (the floor backs off): the lead call renews the lease, so scripts
+    log again from here on, and the sweep starts, to be driven a slice at a time."""
     sched.floor_retry_at = math.inf
     sched.tick(0.0)
     sched.floor_retry_at = 0.0
@@ -549,3 +549,29 @@ def test_a_job_handed_back_during_a_sweep_then_completed_leaves_no_open_row(
     assert client2.zcard(q.keys.schedule) == 0, "a completed job came back to run again"
     sched2.close()
     sched.close()
+
+
+@pytest.mark.parametrize("cause", ["lapse", "dropped logs"])
+def test_a_sweep_cut_short_by_a_new_leader_is_finished_by_it(
+        floor: Floor, server: LocalRedis, cause: str) -> None:
+    # the leader that started a sweep (it found the fold lease lapsed, or dropped logs over
+    # their bound) swept one slice, then left (a restart, a crash): the next leader finds
+    # the fold lease held, yet the sweep owed
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("sweepover", redis=client)
+    first = _scheduler(client, floor, "sweepover", max_backlog=100)
+    _tick(first)
+    if cause == "lapse":
+        client.hset(q.keys.meta, "fold", "1")
+    ids = q.add_many([("d", {"i": i}, {"delay": 600}) for i in range(2500)])
+    _notice_lapse(first)  # the beat that starts the sweep (the logs over 100: dropped)
+    assert client.llen(q.keys.fold) == 0
+    first._sweep()  # one slice of the schedule set
+    first.close()
+    second = Scheduler("sweepover", client, floor, beat_ms=100, horizon_s=3600)
+    for _ in range(3):
+        _tick(second)
+    missed = set(ids) - {row.job_id for row in floor.rows("sweepover", ids)}
+    assert not missed, f"{len(missed)} deferred jobs the cut sweep never folded"
+    assert client.hget(q.keys.meta, "sweep") is None  # owed no more
+    second.close()
