@@ -567,6 +567,12 @@ def test_a_sweep_cut_short_by_a_new_leader_is_finished_by_it(
     _notice_lapse(first)  # the beat that starts the sweep (the logs over 100: dropped)
     assert client.llen(q.keys.fold) == 0
     first._sweep()  # one slice of the schedule set
+    cursor = first.sweep_offset
+    assert cursor
+    first.floor_retry_at = math.inf
+    first.tick(0.0)  # its own sweep owed: a beat goes on with it, not from the start
+    first.floor_retry_at = 0.0
+    assert first.sweep_offset == cursor
     first.close()
     second = Scheduler("sweepover", client, floor, beat_ms=100, horizon_s=3600)
     for _ in range(3):
