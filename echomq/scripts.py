@@ -96,7 +96,7 @@ SCHEDULE = LuaScript("schedule", 5)
 CLAIM = LuaScript("claim", 12)
 SETTLE = LuaScript("settle", 14)
 EXTEND = LuaScript("extend", 1)
-REAP = LuaScript("reap", 11)
+REAP = LuaScript("reap", 12)
 PROMOTE = LuaScript("promote", 7)
 COUNTS = LuaScript("counts", 10)
 RETRY_DEAD = LuaScript("retry_dead", 5)
@@ -302,7 +302,7 @@ def settle_keys(k: Keys) -> list[str]:
 def reap_keys(k: Keys) -> list[str]:
     """KEYS of reap.lua, in its header's order."""
     return [k.leases, k.ring, k.wake, k.dead, k.stats, k.meta, k.closed, k.prios, k.active,
-            k.blocked, k.lanewake]
+            k.blocked, k.lanewake, k.fold]
 
 
 def promote_keys(k: Keys) -> list[str]:

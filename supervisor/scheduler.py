@@ -90,6 +90,7 @@ class Scheduler:
         self.sweep_offset: int | None = None  # a ZSCAN cursor, or a lane's distance from its tail
         self.sweep_phase = "schedule"
         self.sweep_lanes: list[str] = []
+        self.sweep_ended = False  # told to the next lead call, which clears meta "sweep"
         self.budget_end = 0.0
         self.rehydration: str | None = None  # our in-progress epoch token
         self.rehydrate_after: str | None = None
@@ -185,7 +186,8 @@ class Scheduler:
             [self.keys.leader, self.keys.fold, self.keys.closed, self.keys.epoch,
              self.keys.schedule, self.keys.meta],
             [self.replica, self.lease_ms, self.horizon_ms + self.clock_offset_ms,
-             self.fold_grace_ms if self.has_floor else 0])
+             self.fold_grace_ms if self.has_floor else 0, "1" if self.sweep_ended else ""])
+        self.sweep_ended = False
         fence = int(fence)
         self.backlog, self.closed_backlog = int(fold_len), int(closed_len)
         if fence < 0:
@@ -212,7 +214,8 @@ class Scheduler:
         if int(lapsed):
             # jobs scheduled while nobody folded (no scheduler yet, or none for longer
             # than the fold lease) reach the floor by a sweep of the schedule set, the
-            # lanes and the leases, in slices; a hand-over within the lease needs none
+            # lanes and the leases, in slices; a hand-over within the lease needs none,
+            # unless the leader before left a sweep unfinished (meta "sweep": 2)
             self._start_sweep()
         if self.backlog + self.closed_backlog > self.max_backlog:
             self._drop_backlog()
@@ -291,6 +294,7 @@ class Scheduler:
         self.backlog_dropped += dropped
         self.backlog = self.closed_backlog = 0
         self._start_sweep()
+        self.client.hset(self.keys.meta, "sweep", str(self.fence))  # owed, as lead.lua does
         self.next_orphan_check = 0.0
         event(log, "floor-backlog-dropped", "queue %s: %d log entries over the bound of %d "
               "dropped; the schedule set will be swept instead", self.queue, dropped,
@@ -372,6 +376,7 @@ class Scheduler:
             self.orphan_after = rows[-1].job_id
 
     def _start_sweep(self) -> None:
+        self.sweep_ended = False
         self.sweep_offset = 0
         self.sweep_phase = "schedule"
         self.sweep_lanes = []
@@ -379,7 +384,11 @@ class Scheduler:
     def _sweep(self) -> None:
         """Fold one batch of jobs nobody folded: the schedule set's first, then those
         promoted meanwhile, on the lanes, then leased (the way jobs move, so one that
-        moves on during the sweep is met again). Idempotent with the fold log.
+        moves on during the sweep is met again). A job that moves back, from its lease to
+        its lane (a release, a reap, a drain's hand-back), may miss every phase: reap.lua
+        appends it to the fold log instead (the lead call that started the sweep renewed
+        the fold lease), as schedule.lua and settle.lua do a job entering the schedule
+        set. Idempotent with the fold log.
 
         Other processes change these keys between two batches, so no batch is found by
         its rank: the sets are walked with ZSCAN (every member present from the first
@@ -427,6 +436,7 @@ class Scheduler:
         else:
             self.sweep_offset = None
             self.sweep_phase = "schedule"
+            self.sweep_ended = True
 
     def _lane_lists(self) -> list[str]:
         """The list keys of every lane holding waiting jobs: on the plain ring, on each

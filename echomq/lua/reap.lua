@@ -15,6 +15,11 @@
                 the mark; a buried one loses it)
   Given pairs go back to the head of their lanes in the order given (the
   first pair ends up first).
+  A job that was ever deferred (field "deferred") and goes back to its lane is
+  appended to the fold log while the queue folds (meta "fold", a lease expiry in
+  ms): a sweep after a lapse of the fold lease walks the lanes before the leases,
+  so a job handed back from its lease to a lane already walked is met only by the
+  fold (which writes it as it is then). A buried one is appended to the closed log.
   Rings the doorbell when any job became claimable, and a buried job's result
   doorbell "done:<id>" when a result waiter marked it. Job hashes, lane lists
   and doorbells are built inside.
@@ -30,6 +35,7 @@
     KEYS[1] leases  KEYS[2] ring  KEYS[3] wake  KEYS[4] dead  KEYS[5] stats
     KEYS[6] meta    KEYS[7] closed
     KEYS[8] prios   KEYS[9] active  KEYS[10] blocked  KEYS[11] lanewake
+    KEYS[12] fold   list of ids to write to the floor
     (stats field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] limit
@@ -125,6 +131,7 @@ for _, id in ipairs(ids) do
         redis.call('RPUSH', ring_key(p), f[1])
         if p ~= '0' then redis.call('ZADD', KEYS[8], p, p) end
       end
+      if fold and f[4] == '1' then redis.call('RPUSH', KEYS[12], id) end
       requeued = requeued + 1
     end
     if f[7] == '1' then put_back(f[1]) end

@@ -20,6 +20,7 @@ import echomq
 from echomq import connection, scripts
 from echomq.connection import connect, slot_of
 from echomq.keys import Keys
+from echomq.lanes import Lanes
 from echomq.wake import Doorbell
 
 from .conftest import Supervisor, spread_queues, wait_until
@@ -256,3 +257,21 @@ def test_the_echomq_cli_on_a_cluster_sees_and_operates_queues_of_every_node(
         assert cli(url, "resume", n)[1]["paused"] is False, n
         assert cli(url, "purge", n, "--state", "cancelled")[1]["purged"] == 1, n
         assert echomq.Queue(n, redis=rc).get(ids[n]) is None, n
+
+
+def test_a_deferred_job_handed_back_on_a_cluster_is_logged_for_the_floor(
+        rc: RedisCluster) -> None:
+    [name] = spread_queues(rc, 1)
+    q = echomq.Queue(name, redis=rc)
+    node_now = int(rc.time()[0]) * 1000
+    rc.hset(q.keys.meta, "fold", node_now + 60_000)  # a scheduler's fold lease holds
+    job_id = q.add("d", {}, delay=600)  # logged as it is scheduled
+    rc.zadd(q.keys.schedule, {job_id: 0})
+    assert scripts.promote(rc, q.keys, 10)[0] == 1
+    lanes = Lanes(rc, q.keys, q.settings)
+    [held] = lanes.claim(1)
+    assert lanes.release([(held.id, held.token)], "unstarted") == (1, 0)
+    [held] = lanes.claim(1)
+    rc.zadd(q.keys.leases, {held.id: 0})  # its lease lapsed
+    assert scripts.reap(rc, q.keys)[:2] == (1, 0)
+    assert [x.decode() for x in rc.lrange(q.keys.fold, 0, -1)] == [job_id] * 3

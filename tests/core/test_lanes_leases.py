@@ -164,6 +164,34 @@ def test_reap_returns_expired_leases_to_the_front_then_dead(redis_url: str,
     assert job is not None and job.state == "dead" and "stalled 2 times" in (job.error or "")
 
 
+def test_a_deferred_job_handed_back_is_logged_for_the_floor_while_the_queue_folds(
+        redis_url: str, queue_name: str) -> None:
+    # release and reap put a job back on its lane; one that was deferred is appended to
+    # the fold log while a scheduler's fold lease holds, an immediate one never, and
+    # nothing is appended once the lease ran out
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    r = q.redis
+    now_ms = int(r.time()[0]) * 1000
+    r.hset(q.keys.meta, "fold", now_ms + 60_000)  # a scheduler's fold lease holds
+    deferred = q.add("d", {}, delay=600)
+    r.zadd(q.keys.schedule, {deferred: 0})
+    assert scripts.promote(r, q.keys, 10)[0] == 1
+    q.add("x", {})  # immediate
+    r.delete(q.keys.fold)  # the schedule script logged the deferred one as it was added
+    lanes = _lanes(q)
+    held = lanes.claim(2)
+    assert lanes.release([(c.id, c.token) for c in held], "unstarted") == (2, 0)
+    assert [x.decode() for x in r.lrange(q.keys.fold, 0, -1)] == [deferred]
+    held = lanes.claim(2)
+    r.zadd(q.keys.leases, {c.id: 0 for c in held})  # both leases lapsed
+    assert scripts.reap(r, q.keys)[:2] == (2, 0)
+    assert [x.decode() for x in r.lrange(q.keys.fold, 0, -1)] == [deferred] * 2
+    r.hset(q.keys.meta, "fold", now_ms - 1)  # no scheduler folds any more
+    held = lanes.claim(2)
+    assert lanes.release([(c.id, c.token) for c in held], "requeue") == (2, 0)
+    assert r.llen(q.keys.fold) == 2
+
+
 def test_release_modes(redis_url: str, queue_name: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     a, b = q.add("x", 1), q.add("x", 2)

@@ -3,8 +3,10 @@ two schedulers on one queue, a floor outage during folding."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
+from collections.abc import Callable, Sequence
 
 import pytest
 import redis
@@ -15,6 +17,7 @@ from echomq.supervisor.scheduler import Scheduler
 import echomq
 from echomq import scripts
 from echomq.floor import Floor
+from echomq.job import Claimed
 from echomq.lanes import Lanes, Outcome
 from echomq.scripts import Settled
 
@@ -345,31 +348,236 @@ def test_a_lapsed_fold_sweep_misses_no_waiting_job_when_claims_pop_the_lane_betw
     sched.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a deferred job the leases phase has not reached yet, handed back to its lane (a dead "
-    "consumer's release, a reap) after the lanes phase ended, is met by no phase: only the "
-    "fold log could carry it, and neither reap.lua logs a requeued deferred job nor does "
-    "_fold write a waiting one"))
+def _notice_lapse(sched: Scheduler) -> None:
+    """A beat that finds the fold lease lapsed (or the logs over their bound) while its
+    floor work waits (the floor backs off): the lead call renews the lease, so scripts
+    log again from here on, and the sweep starts, to be driven a slice at a time."""
+    sched.floor_retry_at = math.inf
+    sched.tick(0.0)
+    sched.floor_retry_at = 0.0
+    assert sched.sweep_offset == 0 and sched.sweep_phase == "schedule"
+
+
+def _leased_deferred(client: redis.Redis, q: echomq.Queue, lane: str = "default"
+                     ) -> tuple[Lanes, Claimed]:
+    """A job deferred while the fold lease had lapsed (so nobody logged it), promoted, and
+    leased to a consumer: (the consumer's lanes, its claim)."""
+    client.hset(q.keys.meta, "fold", "1")  # lapsed
+    job_id = q.add("d", {}, delay=600, lane=lane)
+    client.zadd(q.keys.schedule, {job_id: 0})  # the test drives the clock: due now
+    assert scripts.promote(client, q.keys, 10)[0] == 1
+    lanes = Lanes(client, q.keys, q.settings)
+    [claimed] = lanes.claim(1)
+    assert claimed.id == job_id
+    return lanes, claimed
+
+
+def _sweep_to(sched: Scheduler, phase: str) -> None:
+    while sched.sweep_phase != phase:
+        sched._sweep()
+
+
+def _finish_sweep(sched: Scheduler) -> None:
+    while sched.sweep_offset is not None:
+        sched._sweep()
+    _tick(sched)  # the next beat folds what the logs carry
+
+
+def _assert_survives_valkey_loss(floor: Floor, server: LocalRedis, queue: str,
+                                 job_id: str) -> None:
+    """The job has a floor row, and comes back after Valkey loses its data."""
+    assert [row.job_id for row in floor.rows(queue, [job_id])] == [job_id], (
+        "a deferred job waiting on its lane has no floor row")
+    server.restart_empty()
+    client2 = redis.Redis.from_url(server.url)
+    sched2 = _scheduler(client2, floor, queue)
+    _tick(sched2)  # rehydrates from the floor
+    assert echomq.Queue(queue, redis=client2).get(job_id) is not None, (
+        "a deferred job was lost with Valkey's data")
+    sched2.close()
+
+
 def test_a_lapsed_fold_sweep_misses_no_job_handed_back_from_its_lease_to_a_swept_lane(
         floor: Floor, server: LocalRedis) -> None:
     client = redis.Redis.from_url(server.url)
     q = echomq.Queue("sweepback", redis=client)
     sched = _scheduler(client, floor, "sweepback")
     _tick(sched)
-    client.hset(q.keys.meta, "fold", "1")  # lapsed
-    job_id = q.add("d", {}, delay=600)
-    client.zadd(q.keys.schedule, {job_id: 0})
-    assert scripts.promote(client, q.keys, 10)[0] == 1
-    lanes = Lanes(client, q.keys, q.settings)
-    [claimed] = lanes.claim(1)  # leased to a consumer
-    sched._start_sweep()
-    while sched.sweep_phase != "leases":
-        sched._sweep()  # the schedule set and the lanes: the job is in neither
+    lanes, claimed = _leased_deferred(client, q)
+    _notice_lapse(sched)
+    _sweep_to(sched, "leases")  # the schedule set and the lanes: the job is in neither
     # the consumer dies before the leases phase: the supervisor hands the job back
     assert lanes.release([(claimed.id, claimed.token)], "unstarted") == (1, 0)
-    while sched.sweep_offset is not None:
-        sched._sweep()
-    assert q.get(job_id).state == "waiting"  # type: ignore[union-attr]
-    assert [row.job_id for row in floor.rows("sweepback", [job_id])] == [job_id], (
-        "a deferred job waiting on its lane has no floor row")
+    _finish_sweep(sched)
+    assert q.get(claimed.id).state == "waiting"  # type: ignore[union-attr]
+    _assert_survives_valkey_loss(floor, server, "sweepback", claimed.id)
     sched.close()
+
+
+def test_a_lapsed_fold_sweep_misses_no_job_the_reap_hands_back_from_a_lapsed_lease(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("sweepreap", redis=client)
+    sched = _scheduler(client, floor, "sweepreap")
+    _tick(sched)
+    _, claimed = _leased_deferred(client, q)
+    _notice_lapse(sched)
+    _sweep_to(sched, "leases")
+    client.zadd(q.keys.leases, {claimed.id: 0})  # the test drives the clock: the lease lapsed
+    assert scripts.reap(client, q.keys)[:2] == (1, 0)  # the metronome's reap
+    _finish_sweep(sched)
+    assert q.get(claimed.id).state == "waiting"  # type: ignore[union-attr]
+    _assert_survives_valkey_loss(floor, server, "sweepreap", claimed.id)
+    sched.close()
+
+
+@pytest.mark.parametrize("mode", ["stall", "suspect"])
+def test_a_lapsed_fold_sweep_misses_no_job_released_from_a_dead_child(
+        floor: Floor, server: LocalRedis, mode: str) -> None:
+    # the supervisor's release of a dead child's running job: charged a stall when it ran
+    # alone, marked to run alone when several ran
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("sweepdead", redis=client)
+    sched = _scheduler(client, floor, "sweepdead")
+    _tick(sched)
+    _, claimed = _leased_deferred(client, q)
+    _notice_lapse(sched)
+    _sweep_to(sched, "leases")
+    assert scripts.release(client, q.keys, [(claimed.id, claimed.token)], mode) == (1, 0)
+    _finish_sweep(sched)
+    assert q.get(claimed.id).state == "waiting"  # type: ignore[union-attr]
+    _assert_survives_valkey_loss(floor, server, "sweepdead", claimed.id)
+    sched.close()
+
+
+class _StoppedMidBatch(echomq.Consumer):
+    """A consumer claiming two jobs at a time that is stopped as its second batch is
+    leased, after ``hook`` ran: the drain hands that batch back unstarted."""
+
+    def __init__(self, q: echomq.Queue, hook: Callable[[], None]) -> None:
+        super().__init__(q, lambda job: None)
+        self.hook = hook
+        self.batches = 0
+
+    def batch_size(self) -> int:
+        return 2
+
+    def on_batch(self, batch: Sequence[Claimed]) -> None:
+        super().on_batch(batch)
+        self.batches += 1
+        if self.batches == 2:
+            self.hook()
+            self.stop()
+
+
+def test_a_lapsed_fold_sweep_misses_no_job_a_drain_hands_back_unstarted(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("sweepdrain", redis=client)
+    sched = _scheduler(client, floor, "sweepdrain")
+    _tick(sched)
+    client.hset(q.keys.meta, "fold", "1")  # lapsed
+    ids = [q.add("d", {"i": i}, delay=600, job_id=f"j{i}") for i in range(3)]
+    client.zadd(q.keys.schedule, {m: i for i, m in enumerate(ids)})  # due now, in order
+    assert scripts.promote(client, q.keys, 10)[0] == 3
+    _notice_lapse(sched)
+
+    def sweep_past_the_lanes() -> None:  # j1 and j2 are leased now, the lanes empty
+        _sweep_to(sched, "leases")
+
+    consumer = _StoppedMidBatch(q, sweep_past_the_lanes)
+    assert consumer.run(burst=True) == 1  # j0 ran; j1 and j2 went back unstarted
+    _finish_sweep(sched)
+    assert [q.get(j).state for j in ids[1:]] == ["waiting", "waiting"]  # type: ignore[union-attr]
+    assert {row.job_id for row in floor.rows("sweepdrain", ids)} == set(ids[1:])
+    sched.close()
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3])
+def test_a_job_handed_back_at_any_step_of_a_lapsed_fold_sweep_reaches_the_floor(
+        floor: Floor, server: LocalRedis, steps: int) -> None:
+    # the sweep's steps here: the schedule set (empty), lane "b" (the lane list is taken
+    # as the lanes phase begins, when "a" is empty: its one job is leased), the leases,
+    # then done; the job goes back to lane "a" after ``steps`` of them
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("sweepstep", redis=client)
+    sched = _scheduler(client, floor, "sweepstep")
+    _tick(sched)
+    lanes, claimed = _leased_deferred(client, q, lane="a")
+    other = q.add("d", {}, delay=600, lane="b")
+    client.zadd(q.keys.schedule, {other: 0})
+    assert scripts.promote(client, q.keys, 10)[0] == 1
+    _notice_lapse(sched)
+    for _ in range(steps):
+        sched._sweep()
+    assert lanes.release([(claimed.id, claimed.token)], "unstarted") == (1, 0)
+    _finish_sweep(sched)
+    on_floor = {row.job_id for row in floor.rows("sweepstep", [claimed.id, other])}
+    assert on_floor == {claimed.id, other}
+    sched.close()
+
+
+def test_a_job_handed_back_during_a_sweep_then_completed_leaves_no_open_row(
+        floor: Floor, server: LocalRedis) -> None:
+    # logged as it went back, claimed again and completed before the next beat, and
+    # completed after a beat folded it: neither comes back after Valkey loses its data
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("sweepdone", redis=client)
+    sched = _scheduler(client, floor, "sweepdone")
+    _tick(sched)
+    lanes, first = _leased_deferred(client, q, lane="a")
+    _, second = _leased_deferred(client, q, lane="b")
+    _notice_lapse(sched)
+    _sweep_to(sched, "leases")
+    assert lanes.release([(first.id, first.token), (second.id, second.token)],
+                         "unstarted") == (2, 0)
+    [early] = lanes.claim(1)  # one of them is claimed again and completes at once
+    assert lanes.settle([Outcome(early.id, early.token, "c")]) == [Settled.COMPLETED]
+    ids = [first.id, second.id]
+    [late] = set(ids) - {early.id}
+    _finish_sweep(sched)
+    assert [row.job_id for row in floor.rows("sweepdone", ids)] == [late]
+    [c] = lanes.claim(1)
+    assert c.id == late
+    assert lanes.settle([Outcome(c.id, c.token, "c")]) == [Settled.COMPLETED]
+    _tick(sched)  # closes its row
+    assert floor.rows("sweepdone", ids) == []
+    server.restart_empty()
+    client2 = redis.Redis.from_url(server.url)
+    sched2 = _scheduler(client2, floor, "sweepdone")
+    _tick(sched2)
+    assert client2.zcard(q.keys.schedule) == 0, "a completed job came back to run again"
+    sched2.close()
+    sched.close()
+
+
+@pytest.mark.parametrize("cause", ["lapse", "dropped logs"])
+def test_a_sweep_cut_short_by_a_new_leader_is_finished_by_it(
+        floor: Floor, server: LocalRedis, cause: str) -> None:
+    # the leader that started a sweep (it found the fold lease lapsed, or dropped logs over
+    # their bound) swept one slice, then left (a restart, a crash): the next leader finds
+    # the fold lease held, yet the sweep owed
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("sweepover", redis=client)
+    first = _scheduler(client, floor, "sweepover", max_backlog=100)
+    _tick(first)
+    if cause == "lapse":
+        client.hset(q.keys.meta, "fold", "1")
+    ids = q.add_many([("d", {"i": i}, {"delay": 600}) for i in range(2500)])
+    _notice_lapse(first)  # the beat that starts the sweep (the logs over 100: dropped)
+    assert client.llen(q.keys.fold) == 0
+    first._sweep()  # one slice of the schedule set
+    cursor = first.sweep_offset
+    assert cursor
+    first.floor_retry_at = math.inf
+    first.tick(0.0)  # its own sweep owed: a beat goes on with it, not from the start
+    first.floor_retry_at = 0.0
+    assert first.sweep_offset == cursor
+    first.close()
+    second = Scheduler("sweepover", client, floor, beat_ms=100, horizon_s=3600)
+    for _ in range(3):
+        _tick(second)
+    missed = set(ids) - {row.job_id for row in floor.rows("sweepover", ids)}
+    assert not missed, f"{len(missed)} deferred jobs the cut sweep never folded"
+    assert client.hget(q.keys.meta, "sweep") is None  # owed no more
+    second.close()
