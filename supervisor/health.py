@@ -74,11 +74,15 @@ class Health:
         self.started = True
 
     def stop(self) -> None:
-        """Stop serving, close the listener and every connection, end the threads."""
+        """Stop serving, close the listener and every connection, end the threads, close
+        the Valkey connections."""
         if self.dashboard is not None and self.started:
             self.dashboard.stop()
         self.started = False
         self.server.stop()
+        self.client.close()
+        if self.dashboard is not None:
+            self.dashboard.client.close()
 
     def forget_in_child(self) -> None:
         """In a forked child: drop the inherited sockets without closing the parent's."""

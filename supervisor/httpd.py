@@ -256,6 +256,7 @@ class Server:
             self.conns[conn] = None
             self.most = max(self.most, len(self.conns))
             self.selector.register(sock, selectors.EVENT_READ, conn)
+            self._read(conn)  # a probe's request is often here already: answered before more come
 
     def _oldest_reading(self) -> Connection:
         for conn in self.conns:

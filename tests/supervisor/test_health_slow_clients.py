@@ -4,17 +4,19 @@ that never read their answer cost no thread each and never hold up /livez or /re
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import Callable, Iterator
 
 import pytest
-from echomq.supervisor.health import Health
+from echomq.supervisor.health import MAX_CONNECTIONS, Health
 from echomq.supervisor.localredis import LocalRedis, free_port
 
 from .conftest import Supervisor, wait_until
@@ -112,36 +114,73 @@ def _health_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("echomq-health")]
 
 
-def test_a_flood_beyond_the_cap_still_lets_every_probe_through(redis_url: str) -> None:
+FLOODER = """
+import socket, sys
+from collections import deque
+held = deque()
+while True:  # silent connections, as fast as they open, 400 held at most
+    try:
+        held.append(socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5))
+    except OSError:
+        continue
+    if len(held) == 300:
+        print("flooding", flush=True)
+    while len(held) > 400:
+        held.popleft().close()
+"""
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_flood_beyond_the_cap_still_lets_every_probe_through(
+        supervisor: Start, redis_url: str, queue_name: str) -> None:
+    port = free_port()
+    sup = supervisor(redis_url, queue_name, "--processes", "1", "--health-port", str(port))
+    sup.started(1)
+    wait_until(lambda: _probe(port, "/readyz", 5)[0] == 200, 15, "ready")
+    pid = sup.proc.pid
+    threads, fds = _threads(pid), _fds(pid)
+    flooder = subprocess.Popen([sys.executable, "-c", FLOODER, str(port)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert flooder.stdout is not None
+        ready, _, _ = select.select([flooder.stdout], [], [], 15)
+        assert ready and flooder.stdout.readline().strip() == "flooding"
+        for path in ("/livez", "/readyz") * 10:
+            code, took = _probe(port, path)
+            assert code == 200 and took < PROBE_BOUND_S, (path, code, took)
+            assert _fds(pid) <= fds + MAX_CONNECTIONS + 4, (fds, _fds(pid))
+        assert _threads(pid) <= threads + 2, (threads, _threads(pid))
+    finally:
+        flooder.kill()
+        flooder.wait(10)
+        flooder.stdout.close()  # type: ignore[union-attr]
+
+
+def test_the_cap_drops_the_oldest_connection_and_stop_leaves_nothing_open(
+        redis_url: str) -> None:
     fds_before = len(os.listdir("/proc/self/fd"))
     health = _health(redis_url, request_timeout_s=30.0, max_connections=8)
     health.start()
     threads = len(_health_threads())
-    stop = threading.Event()
-    flood: deque[socket.socket] = deque()
-
-    def keep_flooding() -> None:  # new silent connections for as long as the probes run
-        while not stop.is_set():
-            try:
-                flood.append(socket.create_connection(("127.0.0.1", health.port), timeout=5))
-            except OSError:
-                continue
-            while len(flood) > 300:
-                flood.popleft().close()
-
-    flooder = threading.Thread(target=keep_flooding, daemon=True)
-    flooder.start()
+    held = [socket.create_connection(("127.0.0.1", health.port), timeout=5) for _ in range(8)]
     try:
-        wait_until(lambda: len(flood) >= 100, 10, "the flood")
-        for _ in range(20):
-            code, took = _probe(health.port, "/livez")
-            assert code == 200 and took < PROBE_BOUND_S, (code, took)
+        wait_until(lambda: health.open_connections() == 8, 5, "eight connections")
+        held.append(socket.create_connection(("127.0.0.1", health.port), timeout=5))
+        assert held[0].recv(1) == b""  # the oldest, closed for the newcomer
+        wait_until(lambda: health.open_connections() == 8, 5, "the newcomer in its place")
+        assert _probe(health.port, "/readyz")[0] == 200  # a probe takes the next oldest's
+        assert held[1].recv(1) == b""
+        for s in held[2:]:  # the newer ones stay
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
         assert health.most_connections <= 8
         assert len(_health_threads()) == threads
     finally:
-        stop.set()
-        flooder.join(10)
-        for s in flood:
+        for s in held:
             s.close()
         health.stop()
     assert not _health_threads()
@@ -232,13 +271,16 @@ def test_a_forked_child_keeps_none_of_the_servers_sockets(redis_url: str) -> Non
     wait_until(lambda: health.open_connections() == 1, 5, "the open connection")
     go_on, child_waits = socket.socketpair()
     pid = os.fork()
-    if pid == 0:  # the child: forget, then stay alive until told
+    if pid == 0:  # the child: forget, say so, then stay alive until told
         try:
             health.forget_in_child()
+            child_waits.send(b"f")
             child_waits.recv(1)
         finally:
             os._exit(0)
     try:
+        go_on.settimeout(10)
+        assert go_on.recv(1) == b"f"
         assert _probe(port, "/livez")[0] == 200  # the parent serves on
         health.stop()
         held.settimeout(5)
