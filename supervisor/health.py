@@ -1,72 +1,31 @@
 """Health and metrics over HTTP: /livez, /readyz, /metrics (prometheus_client), and the
 dashboard at / when asked for.
 
-Served from a daemon thread with its own Redis client, so a slow scrape never
-holds up the main loop; it only reads the arbiter's snapshot.
+Served by :mod:`echomq.supervisor.httpd` from its own threads with its own Redis client, so
+a slow scrape never holds up the main loop; it only reads the arbiter's snapshot. /livez
+is answered on the server's loop and never waits on Valkey; /readyz, /metrics and the
+dashboard run on its workers, so slow clients and a slow Valkey never hold a probe up.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import redis
+from echomq.supervisor.httpd import Request, Response, Server
 from echomq.supervisor.metrics import build_registry
 from echomq.supervisor.observations import Tally
-from echomq.supervisor.signals import sever
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from echomq.connection import client_from_url
-from echomq.ops.dashboard import request_headers
+from echomq.ops.dashboard import PASSED_HEADERS
 
 CONTENT_TYPE_METRICS = CONTENT_TYPE_LATEST
-REQUEST_TIMEOUT_S = 5.0  # a request that has not arrived by then is dropped
-MAX_CONNECTIONS = 16  # requests served at once; more wait in the listen backlog
-
-
-class BoundedHTTPServer(ThreadingHTTPServer):
-    """A thread per request, but at most ``max_connections`` of them: the accept loop
-    waits for a free slot, so half-sent requests cannot pile up threads."""
-
-    daemon_threads = True
-    request_queue_size = 64
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 max_connections: int) -> None:
-        self.slots = threading.BoundedSemaphore(max_connections)
-        self.open = self.most = 0
-        self.count_lock = threading.Lock()
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Take a connection slot (waiting while all are busy), then serve on a thread."""
-        self.slots.acquire()  # frees within REQUEST_TIMEOUT_S: every socket has a timeout
-        with self.count_lock:
-            self.open += 1
-            self.most = max(self.most, self.open)
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        """Serve one connection on its thread, then free its slot."""
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        with self.count_lock:
-            self.open -= 1
-        self.slots.release()
-
-
+REQUEST_TIMEOUT_S = 5.0  # a connection's request and answer must be done by then
+MAX_CONNECTIONS = 256  # open at once; a new one drops the oldest still sending its request
 
 
 class Health:
@@ -89,40 +48,45 @@ class Health:
             # actions need ECHOMQ_DASHBOARD_TOKEN: without it this raises ConfigError
             self.dashboard = Dashboard(client_from_url(redis_url, socket_timeout=5.0),
                                        allow_actions=dashboard_actions)
-        self.server = BoundedHTTPServer((host, port), self._handler_class(), max_connections)
-        self.thread = threading.Thread(target=self.server.serve_forever, name="echomq-health",
-                                       daemon=True)
+        self.server = Server(host, port, self.quick, self.slow, timeout_s=request_timeout_s,
+                             max_connections=max_connections)
+        self.started = False
 
     @property
     def port(self) -> int:
         """The port the server is bound to (the one chosen when asked for 0)."""
-        return int(self.server.server_address[1])
+        return int(self.server.port)
 
     def open_connections(self) -> int:
-        """Requests being served now."""
-        return self.server.open
+        """Connections open now (being read, answered or waiting for their answer)."""
+        return len(self.server.conns)
 
     @property
     def most_connections(self) -> int:
-        """The most requests served at once so far."""
-        return self.server.most
+        """The most connections open at once so far."""
+        return int(self.server.most)
 
     def start(self) -> None:
-        """Serve in a background thread; returns self."""
-        self.thread.start()
+        """Serve in background threads."""
+        self.server.start()
         if self.dashboard is not None:
             self.dashboard.start()
+        self.started = True
 
     def stop(self) -> None:
-        """Stop serving and close the socket."""
-        if self.dashboard is not None:
+        """Stop serving, close the listener and every connection, end the threads, close
+        the Valkey connections."""
+        if self.dashboard is not None and self.started:
             self.dashboard.stop()
-        self.server.shutdown()
-        self.server.server_close()
+        self.started = False
+        self.server.stop()
+        self.client.close()
+        if self.dashboard is not None:
+            self.dashboard.client.close()
 
     def forget_in_child(self) -> None:
-        """In a forked child: drop the listening socket without closing the parent's."""
-        sever(self.server.socket)
+        """In a forked child: drop the inherited sockets without closing the parent's."""
+        self.server.forget_in_child()
 
     # --- the three answers ----------------------------------------------------------
 
@@ -159,48 +123,34 @@ class Health:
         """`/metrics`: the registry in Prometheus' text format."""
         return generate_latest(self.registry)
 
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        health = self
+    # --- routing ------------------------------------------------------------------------
 
-        class Handler(BaseHTTPRequestHandler):
-            timeout = health.request_timeout_s  # socket timeout for every read and write
+    def quick(self, request: Request) -> Response | None:
+        """The answers that never block, given on the server's loop; None for the rest."""
+        if request.method == "GET":
+            if request.path == "/livez":
+                return _json(*self.livez())
+            if request.path in ("/readyz", "/metrics") or self.dashboard is not None:
+                return None
+            return NOT_FOUND
+        if request.method == "POST":
+            return None if self.dashboard is not None else NOT_FOUND
+        return 501, "text/plain", f"unsupported method {request.method!r}\n".encode(), {}
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                path = self.path.split("?")[0]
-                if path == "/livez":
-                    self._json(*health.livez())
-                elif path == "/readyz":
-                    self._json(*health.readyz())
-                elif path == "/metrics":
-                    self._send(200, CONTENT_TYPE_METRICS, health.metrics())
-                elif health.dashboard is not None:
-                    self._send(*health.dashboard.handle("GET", self.path, b"",
-                                                        request_headers(self.headers)))
-                else:
-                    self._send(404, "text/plain", b"not found\n")
+    def slow(self, request: Request) -> Response:
+        """The answers that may wait on Valkey, given on the server's workers."""
+        if request.path == "/readyz" and request.method == "GET":
+            return _json(*self.readyz())
+        if request.path == "/metrics" and request.method == "GET":
+            return 200, CONTENT_TYPE_METRICS, self.metrics(), {}
+        headers = {k: v for k in PASSED_HEADERS if (v := request.headers.get(k)) is not None}
+        code, ctype, body, extra = self.dashboard.handle(request.method, request.target,
+                                                         request.body, headers)
+        return code, ctype, body, dict(extra)
 
-            def do_POST(self) -> None:  # noqa: N802
-                if health.dashboard is None:
-                    self._send(404, "text/plain", b"not found\n")
-                    return
-                length = min(int(self.headers.get("Content-Length") or 0), 64 * 1024)
-                self._send(*health.dashboard.handle("POST", self.path, self.rfile.read(length),
-                                                    request_headers(self.headers)))
 
-            def _json(self, code: int, body: dict[str, Any]) -> None:
-                self._send(code, "application/json", json.dumps(body).encode() + b"\n")
+NOT_FOUND: Response = (404, "text/plain", b"not found\n", {})
 
-            def _send(self, code: int, ctype: str, body: bytes,
-                      headers: dict[str, str] | None = None) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                """Quiet: probes every few seconds would drown the lifecycle log."""
-
-        return Handler
+def _json(code: int, body: dict[str, Any]) -> Response:
+    return code, "application/json", json.dumps(body).encode() + b"\n", {}

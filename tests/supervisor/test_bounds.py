@@ -109,7 +109,7 @@ def test_metrics_scrape_does_not_walk_every_lane(private_redis: LocalRedis) -> N
     text = health.metrics().decode()
     assert _calls(client, "llen") - before < 10, "a scrape ran LLEN per lane"
     assert 'echomq_queue_jobs{queue="wide",state="waiting"} 2000.0' in text
-    health.server.server_close()
+    health.stop()
 
 
 def test_kept_waiting_counter_agrees_with_the_lanes(redis_url: str, queue_name: str) -> None:
