@@ -29,6 +29,7 @@ from echomq.connection import (
 from echomq.errors import (
     ConfigError,
     CorruptJob,
+    FloorError,
     InvalidName,
     InvalidSchedule,
     NotReplicated,
@@ -370,7 +371,10 @@ class Queue:
             return None
         h = {_str(k): _str(v) for k, v in raw.items()}
         if self.floor is not None and h.get("spilled") == "1":
-            h = with_floor_fields(h, self.floor.rows(self.name, [job_id]))
+            try:
+                h = with_floor_fields(h, self.floor.rows(self.name, [job_id]))
+            except FloorError:
+                pass  # the floor is down: the stub is what can be shown
         return Job.from_hash(self.name, h)
 
     def result(self, job_id: str, timeout: float | None = None) -> Any:

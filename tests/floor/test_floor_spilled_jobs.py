@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.localredis import LocalRedis, free_port
 from echomq.supervisor.scheduler import Scheduler
 
 import echomq
@@ -76,6 +76,9 @@ def test_get_sees_a_spilled_job_with_or_without_a_floor(
     full = with_floor.get(far)
     assert full is not None and full.payload == PAYLOAD and full.spilled
     assert full.due_ms == job.due_ms
+    down = Floor.from_url(f"postgresql://echomq@127.0.0.1:{free_port()}/x", connect_timeout_s=2)
+    stub = echomq.Queue("seen", redis=client, floor=down).get(far)  # the floor is down
+    assert stub is not None and stub.spilled and stub.payload is None
 
     async def aio_get() -> echomq.Job | None:
         aq = echomq.aio.Queue("seen", redis_url=server.url)
