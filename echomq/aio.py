@@ -46,6 +46,7 @@ from echomq.connection import (
     AsyncRefusalParser,
     async_cluster_from_url,
     async_node_of,
+    check_password_encoded,
     cluster_mode,
     is_async_cluster,
     redact_url,
@@ -73,6 +74,7 @@ def client_from_url(url: str, **options: Any) -> Any:
     redis-py's cluster pools do not wait: a call past them fails)."""
     options.setdefault("socket_connect_timeout", 5.0)
     options.setdefault("socket_timeout", 10.0)
+    check_password_encoded(url)
     try:
         if cluster_mode(url, options):
             options.setdefault("max_connections", CLUSTER_CONNECTIONS)

@@ -38,8 +38,15 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 NETWORK_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
                   redis.exceptions.NoPermissionError)
 
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#]*)@")
-_QUERY_PASSWORD = re.compile(r"(?i)([?&;](?:password|pass|pwd)=)[^&;#]*")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+# one host of an authority (a name, an IPv4 or a bracketed IPv6; empty in a unix socket's
+# URL) with its port; a Sentinel URL lists several, comma-separated
+_HOST = r"(?:\[[0-9A-Za-z:.%]*\]|[A-Za-z0-9._%\-]*)(?::[0-9]*)?"
+_HOSTS = re.compile(rf"{_HOST}(?:,{_HOST})*")
+# query parameters that carry a secret: password (redis-py, libpq), sentinel_password,
+# ssl_password (redis-py: the key file's), sslpassword (libpq), and their like
+_SECRET_KEY = re.compile(r"(?i)pass|pwd|secret|token")
+_SECRET_PARAM = re.compile(r"(?i)[?&;][^?&;=#/]*(?:pass|pwd|secret|token)[^?&;=#/]*=")
 
 
 class ServerRefused(redis.exceptions.ResponseError):
@@ -132,18 +139,94 @@ def refusal_code(exc: BaseException) -> str | None:
 def redact_url(url: str) -> str:
     """The URL with any password replaced by ``***`` (safe for logs and errors).
 
-    Both places a password can be given are hidden: the userinfo (``:pw@``) and the
-    query (``?password=``, which redis-py and libpq honour). Works on text, so a URL
-    that does not parse (a bad port, say) is redacted too and never raises.
+    Parsed, for passwords as generators make them: the userinfo (``user:PASSWORD@``) is
+    found from the right (:func:`_userinfo_end`), so an unencoded ``#``, ``/``, ``?``,
+    ``@`` or ``:`` in the password is hidden with it; every query parameter carrying a
+    secret (``password``, ``sentinel_password``, ``ssl_password``, ``sslpassword``...) is
+    hidden up to the next ``&``. Scheme, user, hosts, ports, database and the other
+    parameters stay. Never raises, whatever the text.
     """
     text = str(url)
+    scheme = _SCHEME.match(text)
+    start = scheme.end() if scheme else 0
+    at = _userinfo_end(text, start)
+    if at == -1:
+        return text[:start] + _redact_query(text[start:])
+    user, sep, _password = text[start:at].partition(":")
+    return f"{text[:start]}{user}{':***' if sep else ''}@{_redact_query(text[at + 1:])}"
 
-    def _userinfo(m: re.Match[str]) -> str:
-        user, sep, _password = m["userinfo"].partition(":")
-        return f"{m['scheme']}{user}{':***' if sep else ''}@"
 
-    text = _USERINFO.sub(_userinfo, text, count=1)
-    return _QUERY_PASSWORD.sub(r"\1***", text)
+def _userinfo_end(text: str, start: int) -> int:
+    """The index of the ``@`` ending the userinfo of ``text`` (authority from ``start``),
+    or -1 when there is none.
+
+    The last ``@`` a host list follows (then the path, the query or the end), looked for
+    before any secret query parameter (whose value may hold an ``@`` too); failing that,
+    the last ``@`` there is: better to hide a host than to show a password.
+    """
+    secret = _SECRET_PARAM.search(text, start)
+    end = secret.start() if secret else len(text)
+    last = at = text.rfind("@", start, end)
+    while at != -1:
+        hosts = _HOSTS.match(text, at + 1, end)
+        if hosts is not None and (hosts.end() == end or text[hosts.end()] in "/?#"):
+            return at
+        at = text.rfind("@", start, at)
+    return last
+
+
+def _redact_query(rest: str) -> str:
+    """``rest`` (a URL after its userinfo) with the values of secret query parameters
+    hidden. A value runs to the next ``&`` or ``;`` (a ``#`` in it is part of it), and
+    the pieces without ``=`` right after it are taken for parts of it (an unencoded
+    ``&`` in the password)."""
+    path, mark, query = rest.partition("?")
+    if not mark:
+        return rest
+    out = []
+    hiding = False
+    for part in re.split(r"([&;])", query):
+        key, eq, _value = part.partition("=")
+        if part in ("&", ";"):
+            out.append(part)
+        elif eq and _SECRET_KEY.search(key):
+            out.append(f"{key}=***")
+            hiding = True
+        elif hiding and not eq and part:
+            out.append("***")
+        else:
+            out.append(part)
+            hiding = False
+    return f"{path}?{''.join(out)}"
+
+
+def unencoded_password(url: str) -> bool:
+    """Whether ``url`` is read differently by its standard parse than by
+    :func:`redact_url`: its userinfo holds an unencoded ``#``, ``/``, ``?`` or ``@`` (or an
+    ``@`` follows its host), so a client would take part of the password for the host,
+    port or path, connect there and name it in its errors."""
+    text = str(url)
+    scheme = _SCHEME.match(text)
+    if scheme is None:
+        return False
+    at = _userinfo_end(text, scheme.end())
+    if at == -1:
+        return False
+    try:
+        netloc = urlsplit(text).netloc
+    except ValueError:
+        return False  # the client refuses it too, with a message that quotes no password
+    return at >= scheme.end() + len(netloc)
+
+
+def check_password_encoded(url: str) -> None:
+    """Raise ConnectionFailed, before any connection, for a URL whose password holds a
+    character that must be percent-encoded (see :func:`unencoded_password`)."""
+    if unencoded_password(url):
+        raise ConnectionFailed(
+            f"invalid Redis URL {redact_url(url)}: its password holds '#', '/', '?' or '@' "
+            "(or an '@' follows the host): percent-encode them (%23 %2F %3F %40), "
+            "e.g. urllib.parse.quote(password, safe='')")
 
 
 def describe(client: Client) -> str:
@@ -187,6 +270,7 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
     options.setdefault("socket_timeout", 10.0)
     options.setdefault("health_check_interval", 0)
     options.setdefault("parser_class", RefusalParser)
+    check_password_encoded(url)
     try:
         if url.partition("://")[0].lower() in SENTINEL_SCHEMES:
             return _sentinel_client(url, options)
@@ -434,6 +518,7 @@ def connect_async(url: str | None = None, **options: Any) -> Any:
     url = url or DEFAULT_URL
     options.setdefault("socket_connect_timeout", 5.0)
     options.setdefault("socket_timeout", 10.0)
+    check_password_encoded(url)
     try:
         _tls_options(url, options)
         if cluster_mode(url, options):

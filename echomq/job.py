@@ -40,6 +40,9 @@ class Job:
     ms; a ``delay`` is kept to the microsecond, so the job is due up to 1 ms before it
     (and ``started_ms``, whole ms rounded down, may be 1 below it), never before the
     server's clock reached admit time + delay.
+    ``spilled``: the job is due beyond the scheduler's spill horizon and held by the
+    floor; Valkey keeps a stub, so ``payload`` and ``error`` are None unless read with a
+    floor (``Queue(floor=...).get``).
     """
 
     id: str
@@ -63,6 +66,7 @@ class Job:
     timeout: float | None = None
     progress: Any = None
     priority: int = 0
+    spilled: bool = False
 
     def bind_progress(self, report: Any) -> None:
         """Inside a handler: ``job.progress(value)`` calls ``report(value)``."""
@@ -123,6 +127,7 @@ class Job:
             timeout=timeout_seconds(h.get("timeout_ms")),
             progress=progress,
             priority=_int(h.get("priority")),
+            spilled=h.get("spilled") == "1",
         )
 
 

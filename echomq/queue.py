@@ -27,6 +27,7 @@ from echomq.connection import (
 from echomq.errors import (
     ConfigError,
     CorruptJob,
+    FloorError,
     InvalidName,
     InvalidSchedule,
     NotReplicated,
@@ -344,11 +345,22 @@ class Queue:
     # --- reading ------------------------------------------------------------
 
     def get(self, job_id: str) -> Job | None:
-        """The job with this id, or None when it does not exist (or was dropped by retention)."""
+        """The job with this id, or None when it does not exist (or was dropped by retention).
+
+        A job spilled to the floor (``job.spilled``) is read from its stub in Valkey; with a
+        floor (``Queue(floor=...)``) its payload and other fields come from its floor row."""
         validate_job_id(job_id)
         with translated(self.where):
             raw = self.redis.hgetall(self.keys.job(job_id))
-        return Job.from_hash(self.name, raw) if raw else None
+        if not raw:
+            return None
+        h = {_str(k): _str(v) for k, v in raw.items()}
+        if self.floor is not None and h.get("spilled") == "1":
+            try:
+                h = with_floor_fields(h, self.floor.rows(self.name, [job_id]))
+            except FloorError:
+                pass  # the floor is down: the stub is what can be shown
+        return Job.from_hash(self.name, h)
 
     def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for the job's handler to return and give back its value.
@@ -596,6 +608,18 @@ class Queue:
         self.redis.close()
         if self._waiters is not None:
             self._waiters.disconnect()
+
+
+def with_floor_fields(stub: dict[str, str], rows: Sequence[Any]) -> dict[str, str]:
+    """A spilled job's stub filled out with its floor row's fields (the stub's own win:
+    its state, due time and marks are current)."""
+    if not rows or rows[0].error is not None:
+        return stub
+    return {**{str(k): str(v) for k, v in rows[0].fields.items()}, **stub}
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def backfill_args(k: Keys, rows: Sequence[Any]) -> list[Any]:

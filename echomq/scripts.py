@@ -110,7 +110,7 @@ PROGRESS = LuaScript("progress", 1)
 PAUSE = LuaScript("pause", 1)
 RESUME = LuaScript("resume", 4)
 CANCEL = LuaScript("cancel", 8)
-JOBS = LuaScript("jobs", 4)
+JOBS = LuaScript("jobs", 5)
 PURGE = LuaScript("purge", 1)
 SURVEY = LuaScript("survey", 1)
 LIMIT = LuaScript("limit", 6)
@@ -462,7 +462,7 @@ def state_source(k: Keys, state: str) -> str:
 def jobs(client: redis.Redis, k: Keys, state: str, cursor: str, limit: int
          ) -> tuple[str, list[list[bytes]]]:
     """One page of a state: (next cursor or "", the jobs' flat HGETALL arrays)."""
-    reply = JOBS(client, [k.ring, state_source(k, state), k.prios, k.blocked],
+    reply = JOBS(client, [k.ring, state_source(k, state), k.prios, k.blocked, k.spilled],
                  [k.prefix, state, cursor, limit])
     head = reply[0]
     return (head.decode() if isinstance(head, bytes) else str(head)), list(reply[1:])

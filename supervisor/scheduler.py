@@ -304,10 +304,13 @@ class Scheduler:
               deferred_only: bool = False) -> list[FloorRow]:
         """Floor rows of the jobs among ``ids`` in one of ``states`` (with
         ``deferred_only``, of those that were deferred or retried); malformed ones are
-        set aside (dead, with the reason) instead of stopping the scheduler."""
+        set aside (dead, with the reason) instead of stopping the scheduler. A spilled
+        job's stub is skipped."""
         rows, bad = [], []
         for job_id, h in zip(ids, self._hashes(ids), strict=True):
             if h.get("state") not in states or (deferred_only and h.get("deferred") != "1"):
+                continue
+            if h.get("spilled"):  # a stub: the floor's row is the job, never written over
                 continue
             due = _due_ms(h)
             if due is None:
@@ -531,7 +534,7 @@ class Scheduler:
             rows = self._rows(ids, ("scheduled",), spilled=True)
             assert self.fence is not None
             self.floor.upsert(self.queue, rows, self.fence)
-            args: list[Any] = [self.keys.prefix]
+            args: list[Any] = [self.keys.prefix, "schedule"]
             for row in rows:
                 args += [row.job_id, row.due_ms]
             flags = scripts.SPILL(self.client, [self.keys.schedule, self.keys.spilled], args)
@@ -578,9 +581,8 @@ class Scheduler:
             if not rows:
                 break
             due_soon = [r for r in rows if not r.spilled or r.due_ms < until]
-            later = [r.job_id for r in rows if r.spilled and r.due_ms >= until]
-            if later:  # still spilled: their ids stay taken
-                self.client.sadd(self.keys.spilled, *later)
+            later = [r for r in rows if r.spilled and r.due_ms >= until]
+            self._stub(later)  # still spilled: each keeps a stub, and its id stays taken
             apply(due_soon)
             back = [FloorRow(r.job_id, r.due_ms, r.fields) for r in due_soon if r.spilled]
             if back:  # in Valkey again: no longer spilled
@@ -604,6 +606,16 @@ class Scheduler:
               "(%d stay spilled)", self.queue, restored, spilled, queue=self.queue,
               count=restored)
         return True
+
+    def _stub(self, rows: Sequence[FloorRow]) -> None:
+        """Give these spilled rows' jobs a stub in Valkey (spill.lua, mode "rows")."""
+        for start in range(0, len(rows), 200):
+            args: list[Any] = [self.keys.prefix, "rows"]
+            for row in rows[start:start + 200]:
+                args += [row.job_id, row.due_ms, len(row.fields)]
+                for k, v in row.fields.items():
+                    args += [k, v]
+            scripts.SPILL(self.client, [self.keys.schedule, self.keys.spilled], args)
 
     def _apply(self, mode: str) -> Callable[[list[FloorRow]], None]:
         def apply(rows: list[FloorRow]) -> None:

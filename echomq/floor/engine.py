@@ -10,6 +10,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from echomq.connection import redact_url as redact_text_url
+from echomq.connection import unencoded_password
 from echomq.errors import FloorError
 from echomq.floor.forkgate import GATE
 
@@ -29,7 +30,8 @@ PG_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 
                  "keepalives_count": 3}
 
 def redact_url(url: str | URL) -> str:
-    """Return ``url`` with any password (userinfo or ``?password=``) replaced by ``***``.
+    """Return ``url`` with any password (userinfo, ``?password=``, ``?sslpassword=``...)
+    replaced by ``***``, found by parsing (:func:`echomq.connection.redact_url`).
 
     Works on text that does not parse as a URL too, so error paths can always
     call it.
@@ -50,9 +52,14 @@ def normalize_url(url: str) -> URL:
         text = "postgresql://" + text[len("postgres://") :]
     try:
         parsed = make_url(text)
-    except ArgumentError:
-        # from None: the parser's message may quote the URL, password included.
+    except (ArgumentError, ValueError):
+        # from None: the parser's message may quote the URL, password included (a port
+        # that does not parse because an '@' in the password moved the host).
         raise FloorError(f"invalid floor URL {redact_url(text)!r}") from None
+    if unencoded_password(text) and "@" in (parsed.host or "") + str(parsed.port or ""):
+        # SQLAlchemy ends the password at its first '@': the rest would be the host
+        raise FloorError(f"invalid floor URL {redact_url(text)!r}: its password holds an "
+                         "'@': percent-encode it (%40)")
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     backend = parsed.get_backend_name()

@@ -31,12 +31,13 @@ def write_through(client: redis.Redis, keys: Keys, floor: Floor, job_ids: Sequen
 def scheduled_rows(job_ids: Sequence[str], hashes: Sequence[Mapping[Any, Any]]
                    ) -> list[FloorRow]:
     """Floor rows of the jobs whose hash (read by the caller, in ``job_ids``' order) is
-    still scheduled with a well-formed due time; a malformed one is the scheduler's."""
+    still scheduled with a well-formed due time; a malformed one is the scheduler's, and a
+    spilled job's stub is not the job (its row is)."""
     rows = []
     for job_id, raw in zip(job_ids, hashes, strict=True):
         h: dict[str, Any] = {_text(k): _text(v) for k, v in raw.items()}
         due = h.get("due_ms") or ""
-        if h.get("state") == "scheduled" and due.isdigit():
+        if h.get("state") == "scheduled" and due.isdigit() and not h.get("spilled"):
             rows.append(FloorRow(job_id=job_id, due_ms=int(due), fields=h))
     return rows
 

@@ -4,7 +4,8 @@
 
   The job leaves the schedule set and the spilled set. A job whose hash is gone
   (it lived on the floor alone) gets a small hash holding its id, the state and
-  the reason (name "(unknown)", lane "default"), so it shows among the dead. A
+  the reason (name "(unknown)", lane "default"), so it shows among the dead; a
+  spilled job's stub loses its "spilled" mark (its row is closed with it). A
   result waiter (the job's "waited" mark) is woken through "done:<id>". Job
   hashes and doorbells are built inside.
 
@@ -29,6 +30,7 @@ for i = 2, #ARGV, 2 do
     'token', '')
   redis.call('HSETNX', jk, 'name', '(unknown)')
   redis.call('HSETNX', jk, 'lane', 'default')
+  redis.call('HDEL', jk, 'spilled')
   redis.call('ZADD', KEYS[2], now, id)
   if redis.call('HEXISTS', jk, 'waited') == 1 then
     local done = ARGV[1] .. 'done:' .. id

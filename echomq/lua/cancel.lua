@@ -12,12 +12,13 @@
   "lane<p>:<lane>", its lane on "ring<p>"). A lane left empty also leaves the
   blocked set (flow control), so it is not put back on a ring later.
 
-  A scheduled job spilled to the floor (no hash, its id in the spilled set)
-  leaves the spilled set, which is what fences it from a restore (restore.lua
-  brings a spilled job back only while its id is there), and gets a small hash
-  holding its id, the state and the reason (name "(unknown)", lane "default",
-  "spilled" 1: its other fields are on the floor); its id is always appended to
-  the closed log, so the scheduler drops its floor row.
+  A scheduled job spilled to the floor (its stub: "spilled" 1, spill.lua; or,
+  spilled before stubs, no hash and its id in the spilled set) leaves the
+  spilled set, which is what fences it from a restore (restore.lua brings a
+  spilled job back only while its id is there). Its stub becomes the cancelled
+  record and keeps "spilled" 1 (its other fields are on the floor); a job with
+  no hash gets a small one (name "(unknown)", lane "default", "spilled" 1). Its
+  id is always appended to the closed log, so the scheduler drops its floor row.
 
   Input:
     KEYS[1] schedule   zset of deferred job ids by due time (ms)
@@ -39,7 +40,7 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
 local id = ARGV[2]
 local jk = prefix .. 'job:' .. id
-local f = redis.call('HMGET', jk, 'state', 'lane', 'deferred', 'waited', 'priority')
+local f = redis.call('HMGET', jk, 'state', 'lane', 'deferred', 'waited', 'priority', 'spilled')
 local state = f[1]
 if not state then
   if redis.call('SREM', KEYS[7], id) == 0 then return 0 end
@@ -64,6 +65,8 @@ if state == 'waiting' then
     redis.call('SREM', KEYS[8], p .. '|' .. f[2])
   end
   redis.call('HINCRBY', KEYS[6], 'waiting', -1)
+elseif state == 'scheduled' and f[6] == '1' then
+  redis.call('SREM', KEYS[7], id)
 elseif state == 'scheduled' then
   redis.call('ZREM', KEYS[1], id)
 else
@@ -72,7 +75,9 @@ end
 redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', now, 'token', '',
   'error', 'cancelled')  -- not the error of an earlier failed attempt
 redis.call('ZADD', KEYS[3], now, id)
-if f[3] == '1' and (tonumber(redis.call('HGET', KEYS[4], 'fold') or '') or 0) >= now then
+if f[6] == '1' then
+  redis.call('RPUSH', KEYS[5], id)  -- a spilled job means a floor, whatever the fold lease
+elseif f[3] == '1' and (tonumber(redis.call('HGET', KEYS[4], 'fold') or '') or 0) >= now then
   redis.call('RPUSH', KEYS[5], id)
 end
 if f[4] then

@@ -8,7 +8,11 @@
   "<p>:<ring index>:<offset>"), and last the lanes a limit took off their rings
   (the blocked set, sorted: cursor "10:<index>:<offset>", a page costing
   O(blocked) more). The other states read their zset by rank (cursor "<rank>"), oldest
-  first. Claims rotate the ring, so a waiting listing is a snapshot of one
+  first; "scheduled" then goes on with the jobs spilled to the floor (their
+  stubs, spill.lua), which are due after every job of the schedule set, in the
+  spilled set's SSCAN order (cursor "<sscan cursor>:<ids of that batch already
+  listed>"; a set changed between pages may list an id twice or skip one added
+  meanwhile, as SSCAN does). Claims rotate the ring, so a waiting listing is a snapshot of one
   moment per page, not a frozen order. Lane lists and job hashes are built
   inside; ids whose hash is gone are skipped.
 
@@ -18,6 +22,7 @@
                     ignored for "waiting"
     KEYS[3] prios   zset of priority levels above 0 in use
     KEYS[4] blocked set of "<p>|<lane>" taken off ring <p> at a limit
+    KEYS[5] spilled set of ids held by the floor alone (read for "scheduled")
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] state
     ARGV[3] cursor ("" or "0" to start)
@@ -98,9 +103,37 @@ if ARGV[2] == 'waiting' then
     end
   end
 else
-  local start = tonumber(ARGV[3]) or 0
-  ids = redis.call('ZRANGE', KEYS[2], start, start + limit - 1)
-  if #ids == limit then next_cursor = tostring(start + limit) end
+  local scan, skip = nil, 0
+  local colon = string.find(ARGV[3], ':', 1, true)
+  if colon then
+    scan, skip = string.sub(ARGV[3], 1, colon - 1), tonumber(string.sub(ARGV[3], colon + 1))
+  else
+    local start = tonumber(ARGV[3]) or 0
+    ids = redis.call('ZRANGE', KEYS[2], start, start + limit - 1)
+    if #ids == limit then next_cursor = tostring(start + limit) end
+    if #ids < limit and ARGV[2] == 'scheduled' then scan = '0' end
+  end
+  -- the spilled jobs, after the schedule set; a bounded number of SSCAN calls a page
+  if scan and redis.call('SCARD', KEYS[5]) > 0 then
+    for _ = 1, 10 do
+      local reply = redis.call('SSCAN', KEYS[5], scan, 'COUNT', limit - #ids + skip)
+      local batch = reply[2]
+      local take = math.min(#batch - skip, limit - #ids)
+      for j = skip + 1, skip + take do ids[#ids + 1] = batch[j] end
+      if skip + take < #batch then
+        next_cursor = scan .. ':' .. (skip + take)
+        break
+      end
+      skip = 0
+      scan = reply[1]
+      if scan == '0' then break end
+      if #ids >= limit then
+        next_cursor = scan .. ':0'
+        break
+      end
+    end
+    if next_cursor == '' and scan ~= '0' then next_cursor = scan .. ':0' end
+  end
 end
 local out = { next_cursor }
 for _, id in ipairs(ids) do

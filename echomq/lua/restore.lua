@@ -3,8 +3,10 @@
 
   Used for spilled jobs coming within the horizon (mode "spilled") and for
   rehydration after Valkey lost its data (mode "all"). Idempotent: a job whose
-  hash exists is left alone (it is already in Valkey), and the schedule entry
-  is added with NX. In mode "spilled" a job comes back only while its id is in
+  hash exists is left alone (it is already in Valkey), unless that hash is a
+  spilled job's stub (state "scheduled", "spilled" 1; spill.lua), which the
+  row's fields fill out (a result waiter's "waited" mark stays); the schedule
+  entry is added with NX. In mode "spilled" a job comes back only while its id is in
   the spilled set: one cancelled meanwhile has left it, and stays cancelled. A
   restored id leaves the spilled set. A
   restored job is "scheduled" at the given score; due ones are promoted by
@@ -20,8 +22,8 @@
     ARGV[3..] per job: id, score (ms), field count n, then n field/value pairs
 
   Output:
-    an array with one integer per job: 1 restored, 0 already in Valkey (or, mode
-    "spilled", no longer spilled: cancelled meanwhile)
+    an array with one integer per job: 1 restored, 0 already in Valkey (a live
+    job, not a stub; or, mode "spilled", no longer spilled: cancelled meanwhile)
 ]]
 local prefix = ARGV[1]
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -35,13 +37,14 @@ while i <= #ARGV do
   local score = tonumber(ARGV[i + 1])
   local n = tonumber(ARGV[i + 2])
   local jk = prefix .. 'job:' .. id
-  if redis.call('EXISTS', jk) == 0
-      and (ARGV[2] ~= 'spilled' or redis.call('SISMEMBER', KEYS[3], id) == 1) then
+  local held = redis.call('HMGET', jk, 'state', 'spilled')
+  local absent = not held[1] or (held[1] == 'scheduled' and held[2] == '1')
+  if absent and (ARGV[2] ~= 'spilled' or redis.call('SISMEMBER', KEYS[3], id) == 1) then
     for f = 0, n - 1 do
       redis.call('HSET', jk, ARGV[i + 3 + f * 2], ARGV[i + 4 + f * 2])
     end
     redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', score, 'deferred', 1)
-    redis.call('HDEL', jk, 'token', 'held')
+    redis.call('HDEL', jk, 'token', 'held', 'spilled')
     redis.call('ZADD', KEYS[1], 'NX', score, id)
     redis.call('SREM', KEYS[3], id)
     if head_due == nil or score < head_due then

@@ -391,11 +391,13 @@ def test_spill_leaves_a_job_whose_due_time_moved_since_the_floor_wrote_it(
     due = int(r.hget(q.keys.job(job_id), "due_ms"))  # what the floor's row holds
     keys = [q.keys.schedule, q.keys.spilled]
     # the floor's row says another due time: the job was retried or re-added meanwhile
-    assert scripts.SPILL(r, keys, [q.keys.prefix, job_id, due - 1]) == [0]
+    assert scripts.SPILL(r, keys, [q.keys.prefix, "schedule", job_id, due - 1]) == [0]
     assert r.exists(q.keys.job(job_id)) and math.ceil(r.zscore(q.keys.schedule, job_id)) == due
     assert not r.sismember(q.keys.spilled, job_id)
-    assert scripts.SPILL(r, keys, [q.keys.prefix, job_id, due]) == [1]
-    assert not r.exists(q.keys.job(job_id)) and r.sismember(q.keys.spilled, job_id)
+    assert scripts.SPILL(r, keys, [q.keys.prefix, "schedule", job_id, due]) == [1]
+    assert r.sismember(q.keys.spilled, job_id)
+    stub = r.hgetall(q.keys.job(job_id))  # a stub stays, without the payload
+    assert stub[b"spilled"] == b"1" and stub[b"state"] == b"scheduled" and b"payload" not in stub
 
 
 def test_progress_with_a_stale_token_changes_nothing(redis_url: str, queue_name: str,

@@ -66,7 +66,9 @@ def _spilled_job(client: redis.Redis, q: echomq.Queue, sched: Scheduler) -> str:
     _tick(sched)
     far = q.add("x", {"far": True}, delay=7 * 86_400)
     _tick(sched)
-    assert client.sismember(q.keys.spilled, far) and not client.exists(q.keys.job(far))
+    assert client.sismember(q.keys.spilled, far)
+    assert client.hget(q.keys.job(far), "spilled") == b"1"  # a stub, its payload on the floor
+    assert not client.hexists(q.keys.job(far), "payload")
     return far
 
 
@@ -90,7 +92,8 @@ def test_a_cancelled_spilled_job_is_counted_closed_and_never_restored(
         assert (stats["scheduled"], stats["spilled"], stats["cancelled"]) == (0, 0, 1)
         assert [j.id for j in q.jobs("cancelled")] == [far]
         stub = q.get(far)
-        assert stub is not None and (stub.state, stub.name) == ("cancelled", "(unknown)")
+        assert stub is not None
+        assert (stub.state, stub.name, stub.payload) == ("cancelled", "x", None)
         _tick(sched)
         assert floor.open_rows(queue_name, None, 10) == []  # its floor row is closed
         # ... once its fields, kept by the floor, were copied into the cancelled hash

@@ -94,10 +94,13 @@ def test_spill_moves_far_jobs_out_of_valkey_and_restores_them(
     _tick(sched)
     assert q.stats()["spilled"] == 10_000 and q.counts()["scheduled"] == 10_001
     assert client.zcard(q.keys.schedule) == 1 and client.exists(q.keys.job(near))
-    assert client.exists(q.keys.job(ids[0])) == 0
+    stub = client.hgetall(q.keys.job(ids[0]))
+    assert stub[b"spilled"] == b"1" and b"payload" not in stub
     after = client.info("memory")["used_memory"] - before
-    # what stays is each id in the spilled set, keeping the job id taken (~100 bytes)
-    assert after < grown / 4, (grown, after)
+    # what stays is a stub of each job (its small fields, no payload: ~300 bytes) and its
+    # id in the spilled set (~50 bytes); this payload is tiny, so the job was not much more
+    # (bench/spill_memory.py: 481 -> 354 bytes here, ~1,650 -> 354 with 1 KiB payloads)
+    assert after < grown * 0.8, (grown, after)
     assert floor.count("spill", spilled=True) == 10_000
     sched.clock_offset_ms = 2 * HOUR_MS  # the clock moves on two hours
     _tick(sched)

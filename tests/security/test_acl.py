@@ -148,12 +148,16 @@ def producer_results(server: LocalRedis) -> None:
 
 def operator_queue(server: LocalRedis) -> None:
     """A queue as an operator finds it, made with the server's default user: waiting jobs
-    in two lanes, a scheduled one, two dead ones."""
+    in two lanes, a scheduled one, one spilled to the floor (its stub), two dead ones."""
     client = admin(server)
     q = echomq.Queue("acl-operator", redis=client, max_stalls=0)
     for lane in ("a", "b"):
         q.add("x", {}, lane=lane)
     q.add("x", {}, delay=3600)
+    far = q.add("x", {}, delay=7200)
+    due = int(client.hget(q.keys.job(far), "due_ms"))
+    assert scripts.SPILL(client, [q.keys.schedule, q.keys.spilled],
+                         [q.keys.prefix, "schedule", far, due]) == [1]
     dead = [q.add("x", {}, lane="c"), q.add("x", {}, lane="c")]
     lanes = Lanes(client, Keys("acl-operator"), q.settings)
     claimed = []
