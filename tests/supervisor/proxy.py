@@ -2,21 +2,23 @@
 command, for tests of what a client does when its own connection fails.
 
 Every accepted connection is relayed to the server by two threads. Requests are parsed
-(RESP arrays, or inline commands) and relayed whole, one command at a time, so a cut
-lands between two commands: commands written together (a pipeline) before the chosen
-one reach the server, the chosen one and those after it reach it only in ``"after"``
-mode. A cut is armed with :meth:`Proxy.cut` and fires once, at the ``nth`` command any
-connection sends that its predicate matches (counted from when it was armed):
+(RESP arrays, or inline commands) and relayed whole, one command at a time, and so are
+replies (RESP2 or RESP3), counted, so a cut lands exactly between two commands: the
+client gets the replies of the commands it sent before the chosen one (in the same
+pipeline too), then its connection is closed. A cut is armed with :meth:`Proxy.cut` and
+fires once, at the ``nth`` command any connection sends that its predicate matches
+(counted from when it was armed):
 
-- ``"before"``: the command is not relayed; both sides of its connection are closed
-  (a request that never reached the server: a settle never sent);
-- ``"after"``: the command is relayed, then the client's side is closed and nothing
-  more is relayed to it, while the server's side stays open until :meth:`Proxy.close`,
-  so the server runs it (a reply lost on the way back: a claim that ran unseen).
+- ``"before"``: the command is not relayed; the server's side is closed too (a request
+  that never reached the server: a settle never sent);
+- ``"after"``: the command is relayed, and the server's side stays open until
+  :meth:`Proxy.close`, so the server runs it, its reply dropped (a reply lost on the
+  way back: a claim that ran unseen).
 
-Other connections, and new ones made after the cut, are relayed untouched. Predicates
-get the command as a list of bytes; :func:`script` and :func:`command` build common
-ones. Use as a context manager, or call :meth:`Proxy.close`.
+Commands written after the chosen one are never relayed. Other connections, and new
+ones made after the cut, are relayed untouched. Predicates get the command as a list of
+bytes; :func:`script` and :func:`command` build common ones. :meth:`Proxy.sever_all`
+cuts every connection at once. Use as a context manager, or call :meth:`Proxy.close`.
 
     with Proxy(server_port) as proxy:
         cut = proxy.cut(script(scripts.CLAIM), when="after")
@@ -161,34 +163,40 @@ class Proxy:
                     _close(server)
                     return
                 self.socks += [client, server]
-            muted = threading.Event()  # nothing more goes to the client
-            threading.Thread(target=self._up, args=(client, server, muted), daemon=True,
+            link = Link(client, server)
+            threading.Thread(target=self._up, args=(link,), daemon=True,
                              name="proxy-up").start()
-            threading.Thread(target=self._down, args=(server, client, muted), daemon=True,
-                             name="proxy-down").start()
+            threading.Thread(target=link.down, daemon=True, name="proxy-down").start()
 
     def _firing(self, cmd: Command) -> Cut | None:
-        """The cut this command fires, if any (counting it for every armed cut)."""
+        """The cut this command fires, if any; it counts for every armed cut it matches
+        (two cuts reaching their nth match at once act as the first armed)."""
+        firing = None
         with self.lock:
             for armed in self.cuts:
-                if armed.fired.is_set() or not armed.match(cmd):
+                if armed.command is not None or not armed.match(cmd):
                     continue
                 armed.seen += 1
                 if armed.seen == armed.nth:
                     armed.command = cmd
-                    return armed
-        return None
+                    firing = firing or armed
+        return firing
 
-    def _up(self, client: socket.socket, server: socket.socket,
-            muted: threading.Event) -> None:
+    def _fired(self, cmd: Command) -> None:
+        with self.lock:
+            for armed in self.cuts:
+                if armed.command is cmd:
+                    armed.fired.set()
+
+    def _up(self, link: Link) -> None:
         buf = bytearray()
         while True:
             try:
-                data = client.recv(65536)
+                data = link.client.recv(65536)
             except OSError:
                 data = b""
             if not data:
-                _close(server)
+                _close(link.server)
                 return
             buf += data
             pos = 0
@@ -197,34 +205,94 @@ class Proxy:
                 armed = self._firing(cmd)
                 if armed is None:
                     pos = end
+                    link.sent += 1
                     continue
-                if armed.when == "after":
-                    muted.set()  # before it goes: its reply is never relayed
-                    pos = end
-                _send(server, bytes(buf[:pos]))
-                _close(client)
-                if armed.when == "before":
-                    _close(server)
-                armed.fired.set()
+                # the commands before it are answered; the client hears nothing after
+                link.cut_after(link.sent, keep_server=armed.when == "after")
+                _send(link.server, bytes(buf[:end if armed.when == "after" else pos]))
+                self._fired(cmd)
                 return
             if pos:
-                if not _send(server, bytes(buf[:pos])):
-                    _close(client)
+                if not _send(link.server, bytes(buf[:pos])):
+                    _close(link.client)
                     return
                 del buf[:pos]
 
-    def _down(self, server: socket.socket, client: socket.socket,
-              muted: threading.Event) -> None:
+
+class Link:
+    """One relayed connection. Replies are relayed whole and counted, so a cut closes the
+    client's side right after the replies of the commands before the one it fired at."""
+
+    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+        self.client = client
+        self.server = server
+        self.lock = threading.Lock()
+        self.sent = 0  # commands relayed to the server
+        self.relayed = 0  # replies relayed to the client
+        self.limit: int | None = None  # replies the client gets, once a cut fired
+        self.keep_server = False
+
+    def cut_after(self, replies: int, keep_server: bool) -> None:
+        """Close the client's side once ``replies`` replies reached it (the server's side
+        too, unless ``keep_server``: it then runs what it got, its replies dropped)."""
+        with self.lock:
+            self.limit, self.keep_server = replies, keep_server
+            self._close_if_due()
+
+    def _close_if_due(self) -> None:
+        if self.limit is not None and self.relayed >= self.limit:
+            _close(self.client)
+            if not self.keep_server:
+                _close(self.server)
+
+    def down(self) -> None:
+        """Relay the server's replies, one whole reply at a time, until the limit."""
+        buf = bytearray()
         while True:
             try:
-                data = server.recv(65536)
+                data = self.server.recv(65536)
             except OSError:
                 data = b""
             if not data:
-                _close(client)
+                _close(self.client)
                 return
-            if muted.is_set() or not _send(client, data):
-                continue  # drained and dropped: the server's side stays open
+            buf += data
+            pos = 0
+            while (end := reply_end(buf, pos)) is not None:
+                with self.lock:
+                    if self.limit is None or self.relayed < self.limit:
+                        _send(self.client, bytes(buf[pos:end]))
+                        self.relayed += buf[pos:pos + 1] != b">"  # a push answers nothing
+                        self._close_if_due()
+                pos = end
+            del buf[:pos]
+
+
+def reply_end(buf: bytes | bytearray, start: int) -> int | None:
+    """The offset past the (RESP2 or RESP3) reply at ``buf[start:]``, None while
+    incomplete."""
+    end = buf.find(b"\r\n", start)
+    if end < 0:
+        return None
+    kind, head = buf[start:start + 1], bytes(buf[start + 1:end])
+    pos = end + 2
+    if kind in (b"$", b"=", b"!"):  # a blob (or null: -1)
+        size = int(head)
+        if size < 0:
+            return pos
+        return pos + size + 2 if len(buf) >= pos + size + 2 else None
+    if kind in (b"*", b"~", b">", b"%", b"|"):  # an aggregate (a map: pairs)
+        count = int(head)
+        count *= 2 if kind in (b"%", b"|") else 1
+        for _ in range(max(count, 0)):
+            nxt = reply_end(buf, pos)
+            if nxt is None:
+                return None
+            pos = nxt
+        if kind == b"|":  # attributes come before the reply they describe
+            return reply_end(buf, pos)
+        return pos
+    return pos  # a line: + - : _ , # (
 
 
 def _send(sock: socket.socket, data: bytes) -> bool:
