@@ -74,6 +74,9 @@ class Drain:
         # never saw; they go back (uncharged) before the next claim
         self.claim_unknown = False
         self.early = EarlySettle(lanes)
+        # the outcomes carried into the next batch went out once in a request whose reply
+        # was lost: a refusal as stale may mean the first sending recorded them
+        self.carried_resent = False
         # turned off by an owner that must read a settle's reply before the next job
         # starts (durability "sync" writes retries through) or must not claim past a limit
         self.send_ahead = lanes.can_send_ahead()
@@ -101,6 +104,8 @@ class Drain:
             if ahead is not None and any(c.alone for c in batch):
                 batch, carried = self._join_ahead(ahead, batch)
                 ahead = None
+            if self.claim_unknown and ahead is None:  # nothing in flight: hand them back now
+                self._release_unseen(batch, carried)
             if ahead is None and not first:
                 ahead = self._send_ahead(batch, carried)
                 if ahead is not None:
@@ -201,22 +206,36 @@ class Drain:
             codes, extra = ahead.read()
         except UNAVAILABLE_ERRORS:
             self.claim_unknown = True  # what it claimed comes back through the claims record
+            self.carried_resent = bool(ahead.outcomes)
             return batch, list(ahead.outcomes)
         self._settled(ahead.outcomes, codes)
         if extra:
             self.hooks.on_batch(extra)
         return [*batch, *extra], []
 
+    def _release_unseen(self, batch: Sequence[Claimed], carried: Sequence[Outcome]) -> None:
+        """A claim's reply was lost and the drain goes on: hand back, uncharged, what it
+        leased (the claims record names it) before the next batch runs, instead of leaving
+        it leased and unseen until the drain ends (on a busy queue, never). Call only with
+        no request in flight; on a network error it is tried again at the next drain."""
+        held = {(c.id, c.token) for c in batch} | {(o.job_id, o.token) for o in carried}
+        try:
+            self.lanes.release_unheld(held)
+        except UNAVAILABLE_ERRORS:
+            return
+        self.claim_unknown = False
+
     def _settle_carried(self, carried: list[Outcome]) -> list[Outcome]:
         """Settle outcomes carried over from the batch before, before a batch that was not
         sent ahead runs (a crash of its jobs must not run them again); returns what is
         still unsettled: all of them when the server is unavailable (they go with this
         batch's settle, or stay pending)."""
+        resent, self.carried_resent = self.carried_resent, False
         try:
             codes = self.lanes.settle(carried)
         except UNAVAILABLE_ERRORS:
             return carried
-        self._settled(carried, codes)
+        self._settled(carried, codes, resent)
         return []
 
     def _read_ahead(self, ahead: Ahead, outcomes: list[Outcome]) -> list[Claimed]:

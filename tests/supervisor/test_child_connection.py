@@ -10,7 +10,9 @@ is a cut of a consumer's connection.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -18,6 +20,8 @@ import redis
 
 import echomq
 from echomq import scripts
+from echomq.job import Claimed
+from echomq.lanes import Lanes
 
 from .conftest import Supervisor, wait_until
 from .proxy import Command, Proxy, script
@@ -104,6 +108,75 @@ def test_a_consumer_whose_connection_is_cut_at_every_settle_keeps_retrying(
     job = q.get(job_id)
     assert job is not None and (job.state, job.stalls) == ("completed", 0), job
     assert _runs(r, queue_name, job_id) == 1
+
+
+class AheadConsumer(echomq.Consumer):
+    """A consumer claiming 2 jobs at a time ahead, with a claims record (as a supervised
+    consumer has), that stops once ``stop_after`` jobs have run."""
+
+    def __init__(self, *args: Any, stop_after: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._drainer.send_ahead = True
+        self.lanes.claimer = "ahead"
+        self.stop_after = stop_after
+        self.runs: Counter[str] = Counter()
+        self.batches: list[list[str]] = []
+
+    def batch_size(self) -> int:
+        return 2
+
+    def stop_requested(self) -> bool:
+        return super().stop_requested() or sum(self.runs.values()) >= self.stop_after
+
+    def on_batch(self, batch: Sequence[Claimed]) -> None:
+        super().on_batch(batch)
+        self.batches.append([c.id for c in batch])
+
+
+def test_a_lost_reply_to_a_request_read_before_a_crash_suspect_costs_its_jobs_no_wait(
+        proxy: Proxy, queue_name: str, r: redis.Redis, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    # claims take 2 jobs: [j0], ahead [j1, j2], behind it settle j0 + claim [j3, ...], behind
+    # that settle j1, j2 + claim the next. j3 is a crash suspect: before it runs, the request
+    # in flight is read, and its reply is lost. The drain goes on; what that request leased
+    # must go back (and run here, first in its lane) while the drain goes on, not stay
+    # leased and unseen until it ends (on a busy queue, never)
+    q = echomq.Queue(queue_name, redis=r)
+    ids = [q.add("x", {"n": i}, job_id=f"j{i}") for i in range(20)]
+    lanes = Lanes(r, q.keys, q.settings)
+    claimed = lanes.claim(100)
+    lanes.release([(c.id, c.token) for c in claimed[4:]], "unstarted")
+    lanes.release([(c.id, c.token) for c in claimed[3:4]], "suspect")
+    lanes.release([(c.id, c.token) for c in claimed[:3]], "unstarted")
+    client = redis.Redis.from_url(proxy.url)
+    scripts.load_all(client, q.keys.prefix)
+    consumer: AheadConsumer
+
+    def handler(job: echomq.Job) -> None:
+        consumer.runs.update([job.id])
+
+    consumer = AheadConsumer(echomq.Queue(queue_name, redis=client), handler, stop_after=12)
+    cut = proxy.cut(script(scripts.CLAIM), nth=4, when="after")
+    try:
+        with caplog.at_level("WARNING", logger="echomq.drain"):
+            consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert cut.fired.is_set()
+    assert consumer.batches[:3] == [["j0"], ["j1", "j2"], ["j3", "j4"]], consumer.batches
+    unseen = [c.id for c in claimed[5:7]]  # what the lost request claimed
+    assert {j: consumer.runs[j] for j in unseen} == {j: 1 for j in unseen}, (
+        "jobs a lost reply leased stayed leased, unseen, while the drain went on: "
+        f"ran {sorted(consumer.runs)}")
+    for j in unseen:
+        job = q.get(j)
+        assert job is not None and (job.state, job.attempts, job.stalls) == (
+            "completed", 1, 0), job
+    assert max(consumer.runs.values()) == 1 and len(ids) == 20
+    # the settle of j1 and j2 went out with the lost request and landed: sent again, it is
+    # refused, and the log must not say their results were not recorded
+    said = [rec.getMessage() for rec in caplog.records]
+    assert not [m for m in said if "not recorded" in m], said
 
 
 @pytest.mark.parametrize("mode", MODES)
