@@ -303,9 +303,12 @@ class ConcurrentDrain:
 
     async def _back_off(self) -> None:
         """Blocked by a failed round trip: no event says the server is back, so wait a
-        pause that grows with the failures in a row, then try again; a poke or a stop
-        ends it early. Jobs finishing meanwhile do not: their outcomes wait for it."""
-        deadline = self.loop.time() + min(MAX_RETRY_WAIT_S, 0.05 * 2 ** min(self.failures, 6))
+        pause that grows with the failures in a row (at most a beat), then try again; a
+        poke or a stop ends it early. Jobs finishing meanwhile do not: their outcomes wait
+        for it."""
+        pause = min(MAX_RETRY_WAIT_S, self.lanes.settings.beat_ms / 1000,
+                    0.05 * 2 ** min(self.failures, 6))
+        deadline = self.loop.time() + pause
         stopping = self.stopping
         while self.blocked and self.stopping == stopping:
             left = deadline - self.loop.time()

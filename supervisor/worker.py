@@ -158,10 +158,12 @@ class Worker:
                 return
 
     def _wait_on_pipe(self, failures: int) -> bytes | None:
-        """The backoff after the ``failures``-th failure in a row: no event says the
-        server is back, so wait on the pipe for that long (what the parent writes ends the
-        wait). Returns what was read (b"" when the parent is gone), None at the timeout."""
-        wait = min(MAX_SETTLE_WAIT_S, 0.05 * 2 ** min(failures, 6))
+        """The backoff after the ``failures``-th failure in a row (at most a beat): no
+        event says the server is back, so wait on the pipe for that long (what the parent
+        writes ends the wait). Returns what was read (b"" when the parent is gone), None at
+        the timeout."""
+        wait = min(MAX_SETTLE_WAIT_S, self.settings.beat_ms / 1000,
+                   0.05 * 2 ** min(failures, 6))
         readable, _, _ = select.select([self.sock], [], [], wait)
         if not readable:
             return None
