@@ -13,12 +13,15 @@ fires once, at the ``nth`` command any connection sends that its predicate match
   that never reached the server: a settle never sent);
 - ``"after"``: the command is relayed, and the server's side stays open until
   :meth:`Proxy.close`, so the server runs it, its reply dropped (a reply lost on the
-  way back: a claim that ran unseen).
+  way back: a claim that ran unseen);
+- ``"after"`` with ``reply=``: the same, judged on the reply instead, for what a
+  command did that only its reply tells (the claim that leased a given job).
 
 Commands written after the chosen one are never relayed. Other connections, and new
 ones made after the cut, are relayed untouched. Predicates get the command as a list of
-bytes; :func:`script` and :func:`command` build common ones. :meth:`Proxy.sever_all`
-cuts every connection at once. Use as a context manager, or call :meth:`Proxy.close`.
+bytes; :func:`script` and :func:`command` build common ones. :meth:`Proxy.watch`
+counts commands without cutting; :meth:`Proxy.sever_all` cuts every connection at
+once. Use as a context manager, or call :meth:`Proxy.close`.
 
     with Proxy(server_port) as proxy:
         cut = proxy.cut(script(scripts.CLAIM), when="after")
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -65,9 +69,31 @@ class Cut:
     match: Predicate
     nth: int
     when: str
+    reply: Callable[[bytes], bool] | None = None  # judged on the reply instead
     seen: int = 0
     fired: threading.Event = field(default_factory=threading.Event)
     command: Command | None = None  # the command it fired at
+
+
+class Watch:
+    """Counts the commands any connection sends that match a predicate (counted from when
+    it was made, cut ones included)."""
+
+    def __init__(self, match: Predicate) -> None:
+        self.match = match
+        self.count = 0
+        self.cond = threading.Condition()
+
+    def saw(self, cmd: Command) -> None:
+        if self.match(cmd):
+            with self.cond:
+                self.count += 1
+                self.cond.notify_all()
+
+    def wait(self, count: int, timeout: float) -> bool:
+        """True once ``count`` matching commands were seen; False at the timeout."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.count >= count, timeout)
 
 
 def parse_command(buf: bytes | bytearray, start: int) -> tuple[Command, int] | None:
@@ -105,6 +131,7 @@ class Proxy:
         self.port: int = self.listener.getsockname()[1]
         self.lock = threading.Lock()
         self.cuts: list[Cut] = []
+        self.watches: list[Watch] = []
         self.socks: list[socket.socket] = []
         self.closed = False
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
@@ -114,15 +141,26 @@ class Proxy:
         """A redis:// URL through this proxy (database 0)."""
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def cut(self, match: Predicate, *, nth: int = 1, when: str = "before") -> Cut:
+    def cut(self, match: Predicate, *, nth: int = 1, when: str = "before",
+            reply: Callable[[bytes], bool] | None = None) -> Cut:
         """Arm a cut of the connection that sends the ``nth`` command matching ``match``
-        from now on; ``when`` is "before" or "after" (see the module's docstring)."""
-        if when not in ("before", "after") or nth < 1:
-            raise ValueError(f"bad cut: when={when!r}, nth={nth}")
-        armed = Cut(match, nth, when)
+        from now on; ``when`` is "before" or "after" (see the module's docstring). With
+        ``reply``, the cut is "after" the ``nth`` command matching ``match`` whose reply
+        (its raw bytes) ``reply`` accepts: that reply is dropped, the client's side closed
+        (what a command took is known only once it ran: a claim that leased a given job)."""
+        if when not in ("before", "after") or nth < 1 or (reply and when != "after"):
+            raise ValueError(f"bad cut: when={when!r}, nth={nth}, reply={reply!r}")
+        armed = Cut(match, nth, when, reply)
         with self.lock:
             self.cuts.append(armed)
         return armed
+
+    def watch(self, match: Predicate) -> Watch:
+        """Count the commands matching ``match`` from now on (see :class:`Watch`)."""
+        watch = Watch(match)
+        with self.lock:
+            self.watches.append(watch)
+        return watch
 
     def sever_all(self) -> None:
         """Close every connection relayed so far, both sides (new ones are relayed)."""
@@ -163,7 +201,7 @@ class Proxy:
                     _close(server)
                     return
                 self.socks += [client, server]
-            link = Link(client, server)
+            link = Link(client, server, self)
             threading.Thread(target=self._up, args=(link,), daemon=True,
                              name="proxy-up").start()
             threading.Thread(target=link.down, daemon=True, name="proxy-down").start()
@@ -173,8 +211,10 @@ class Proxy:
         (two cuts reaching their nth match at once act as the first armed)."""
         firing = None
         with self.lock:
+            for watch in self.watches:
+                watch.saw(cmd)
             for armed in self.cuts:
-                if armed.command is not None or not armed.match(cmd):
+                if armed.command is not None or armed.reply or not armed.match(cmd):
                     continue
                 armed.seen += 1
                 if armed.seen == armed.nth:
@@ -187,6 +227,21 @@ class Proxy:
             for armed in self.cuts:
                 if armed.command is cmd:
                     armed.fired.set()
+
+    def _reply_firing(self, cmd: Command, reply: bytes) -> Cut | None:
+        """The cut this reply to ``cmd`` fires, if any (it counts for every cut armed by
+        now that judges replies and accepts it, wherever ``cmd`` was relayed before)."""
+        firing = None
+        with self.lock:
+            for armed in self.cuts:
+                if armed.command is not None or not armed.reply or not armed.match(cmd) \
+                        or not armed.reply(reply):
+                    continue
+                armed.seen += 1
+                if armed.seen == armed.nth:
+                    armed.command = cmd
+                    firing = firing or armed
+        return firing
 
     def _up(self, link: Link) -> None:
         buf = bytearray()
@@ -205,7 +260,7 @@ class Proxy:
                 armed = self._firing(cmd)
                 if armed is None:
                     pos = end
-                    link.sent += 1
+                    link.expect(cmd)
                     continue
                 # the commands before it are answered; the client hears nothing after
                 link.cut_after(link.sent, keep_server=armed.when == "after")
@@ -223,14 +278,22 @@ class Link:
     """One relayed connection. Replies are relayed whole and counted, so a cut closes the
     client's side right after the replies of the commands before the one it fired at."""
 
-    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+    def __init__(self, client: socket.socket, server: socket.socket, proxy: Proxy) -> None:
         self.client = client
         self.server = server
+        self.proxy = proxy
         self.lock = threading.Lock()
         self.sent = 0  # commands relayed to the server
+        self.expected: deque[Command] = deque()  # relayed, not answered yet
         self.relayed = 0  # replies relayed to the client
         self.limit: int | None = None  # replies the client gets, once a cut fired
         self.keep_server = False
+
+    def expect(self, cmd: Command) -> None:
+        """``cmd`` is about to be relayed (its reply comes in this order)."""
+        with self.lock:
+            self.sent += 1
+            self.expected.append(cmd)
 
     def cut_after(self, replies: int, keep_server: bool) -> None:
         """Close the client's side once ``replies`` replies reached it (the server's side
@@ -259,12 +322,23 @@ class Link:
             buf += data
             pos = 0
             while (end := reply_end(buf, pos)) is not None:
+                reply, pos = bytes(buf[pos:end]), end
                 with self.lock:
-                    if self.limit is None or self.relayed < self.limit:
-                        _send(self.client, bytes(buf[pos:end]))
-                        self.relayed += buf[pos:pos + 1] != b">"  # a push answers nothing
+                    if self.limit is not None and self.relayed >= self.limit:
+                        continue  # dropped: the server's side drains
+                    if reply[:1] == b">":  # a push answers no command
+                        _send(self.client, reply)
+                        continue
+                    cmd = self.expected.popleft() if self.expected else []
+                    armed = self.proxy._reply_firing(cmd, reply)
+                    if armed is not None:
+                        self.limit, self.keep_server = self.relayed, True
                         self._close_if_due()
-                pos = end
+                        armed.fired.set()
+                        continue
+                    _send(self.client, reply)
+                    self.relayed += 1
+                    self._close_if_due()
             del buf[:pos]
 
 
