@@ -96,6 +96,7 @@ class ConcurrentDrain:
         # twice here at once, and each run is its own
         self.in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.done: list[Outcome] = []  # finished, not settled yet
+        self.resent: set[Outcome] = set()  # in done again after a round trip failed
         self.trips: set[asyncio.Task[None]] = set()  # round trips under way
         self.settling = 0  # outcomes in those round trips
         self.claiming = 0  # slots their claims may fill
@@ -350,6 +351,7 @@ class ConcurrentDrain:
                 self._fill()  # a job waiting to run alone may start now
         elif outcomes:
             self.done = outcomes + self.done  # kept: their jobs stay held, settled later
+            self.resent.update(outcomes)
         if handback and not isinstance(release_reply, Exception):
             self.hooks.on_unstarted(handback)
         elif handback:
@@ -403,7 +405,15 @@ class ConcurrentDrain:
 
     def _settled(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
         for o, code in zip(outcomes, codes, strict=True):
-            if code is Settled.STALE:
+            resent = o in self.resent
+            self.resent.discard(o)
+            if code is Settled.STALE and resent:
+                # a settled job's token matches nothing: the two cannot be told apart
+                log.warning("queue %s: job %s: its outcome, sent again after a lost reply, "
+                            "was refused: either the first sending recorded it, or its lease "
+                            "expired and it was handed out again", self.lanes.keys.queue,
+                            o.job_id)
+            elif code is Settled.STALE:
                 log.warning("queue %s: job %s settled with a stale lease token (its lease "
                             "expired and it was handed out again); result not recorded",
                             self.lanes.keys.queue, o.job_id)

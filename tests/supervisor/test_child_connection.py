@@ -105,7 +105,7 @@ def test_a_settle_a_consumer_could_not_send_is_sent_again_without_a_poke(
     # ("after"). On a quiet queue nothing pokes the consumer again: it must reconnect and
     # settle by itself, so result() returns (a settle sent twice is refused, not applied)
     q = echomq.Queue(queue_name, redis=r)
-    _start(supervisor, proxy, redis_url, queue_name, *mode)
+    sup = _start(supervisor, proxy, redis_url, queue_name, *mode)
     cut = proxy.cut(script(scripts.SETTLE), when=when)
     job_id = q.add("x", {})
     assert cut.fired.wait(10), "no settle went through the proxy"
@@ -113,6 +113,9 @@ def test_a_settle_a_consumer_could_not_send_is_sent_again_without_a_poke(
     job = q.get(job_id)
     assert job is not None
     assert (job.state, job.stalls, _runs(r, queue_name, job_id)) == ("completed", 0, 1), job
+    if when == "after":  # sent again and refused: the log must not call the result lost
+        sup.wait_for_log("sent again after a lost reply")
+        assert "not recorded" not in sup.log, sup.log
 
 
 @pytest.mark.parametrize("mode", MODES)
