@@ -135,6 +135,28 @@ def test_a_consumer_whose_connection_is_cut_at_every_settle_keeps_retrying(
     assert _runs(r, queue_name, job_id) == 1
 
 
+@pytest.mark.parametrize("nth", [2, 3, 5])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_busy_consumer_that_loses_a_claims_reply_runs_every_job_once_uncharged(
+        supervisor: Start, proxy: Proxy, redis_url: str, queue_name: str, r: redis.Redis,
+        mode: list[str], nth: int) -> None:
+    # a claim in the middle of a drain (sent ahead of a batch, or beside a settle) loses
+    # its reply: the jobs it leased go back uncharged, the outcomes beside it settle once,
+    # and every job runs once
+    q = echomq.Queue(queue_name, redis=r, max_stalls=0)
+    _start(supervisor, proxy, redis_url, queue_name, *mode)
+    cut = proxy.cut(script(scripts.CLAIM), nth=nth, when="after",
+                    reply=lambda reply: reply != b"*0\r\n")  # one that leased jobs
+    ids = q.add_many([("x", {"sleep": 0.01}) for _ in range(40)])
+    assert cut.fired.wait(10), "no claim was cut"
+    wait_until(lambda: all(q.get(j).state in ("completed", "dead")  # type: ignore[union-attr]
+                           for j in ids), 30, "every job to end")
+    jobs = [q.get(j) for j in ids]
+    assert [(j.id, j.state, j.stalls) for j in jobs if j is not None and  # type: ignore[union-attr]
+            (j.state, j.stalls) != ("completed", 0)] == []
+    assert {j: _runs(r, queue_name, j) for j in ids} == {j: 1 for j in ids}
+
+
 class AheadConsumer(echomq.Consumer):
     """A consumer claiming 2 jobs at a time ahead, with a claims record (as a supervised
     consumer has), that stops once ``stop_after`` jobs have run."""
