@@ -104,8 +104,6 @@ class Drain:
             if ahead is not None and any(c.alone for c in batch):
                 batch, carried = self._join_ahead(ahead, batch)
                 ahead = None
-            if self.claim_unknown and ahead is None:  # nothing in flight: hand them back now
-                self._release_unseen(batch, carried)
             if ahead is None and not first:
                 ahead = self._send_ahead(batch, carried)
                 if ahead is not None:
@@ -143,6 +141,8 @@ class Drain:
                 if ahead is not None:  # claimed after this batch ran: read it, end if empty
                     batch, ahead = self._read_ahead(ahead, []), None
                     continue
+            if self.claim_unknown:  # a reply read before a suspect or a request sent ahead
+                self._release_unseen(outcomes)  # was lost; nothing is in flight now
             try:
                 codes, batch = self.lanes.settle_and_claim(outcomes, self.hooks.batch_size())
             except UNAVAILABLE_ERRORS:
@@ -151,6 +151,9 @@ class Drain:
                 raise
             self._settled(outcomes, codes)
             carried = []
+        if self.claim_unknown:  # its release failed above: nothing is held now, try again
+            self.lanes.release_unheld(set())
+            self.claim_unknown = False
 
     def _run_batch(self, batch: Sequence[Claimed], outcomes: list[Outcome]
                    ) -> list[tuple[str, str]] | None:
@@ -213,12 +216,13 @@ class Drain:
             self.hooks.on_batch(extra)
         return [*batch, *extra], []
 
-    def _release_unseen(self, batch: Sequence[Claimed], carried: Sequence[Outcome]) -> None:
-        """A claim's reply was lost and the drain goes on: hand back, uncharged, what it
-        leased (the claims record names it) before the next batch runs, instead of leaving
-        it leased and unseen until the drain ends (on a busy queue, never). Call only with
-        no request in flight; on a network error it is tried again at the next drain."""
-        held = {(c.id, c.token) for c in batch} | {(o.job_id, o.token) for o in carried}
+    def _release_unseen(self, outcomes: Sequence[Outcome]) -> None:
+        """A claim's reply was lost and the drain went on: hand back, uncharged, what it
+        leased (the claims record names it) before the next claim, which can take it
+        again, instead of leaving it leased and unseen until the drain ends (on a busy
+        queue, never). ``outcomes``: what is held, finished and not settled yet. Call
+        only with no request in flight; on a network error it is tried again later."""
+        held = {(o.job_id, o.token) for o in outcomes}
         try:
             self.lanes.release_unheld(held)
         except UNAVAILABLE_ERRORS:

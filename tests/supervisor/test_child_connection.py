@@ -242,3 +242,41 @@ def test_a_stop_while_a_consumer_retries_a_settle_ends_with_the_job_settled(
     job = q.get(job_id)
     assert job is not None and (job.state, job.stalls) == ("completed", 0), job
     assert _runs(r, queue_name, job_id) == 1
+
+
+def test_a_request_sent_ahead_that_fails_on_its_way_costs_what_it_claimed_no_wait(
+        proxy: Proxy, queue_name: str, r: redis.Redis) -> None:
+    # the claim of [j1, j2] sent ahead while j0 runs reaches the server, and the write
+    # fails (a hook drops its connection and raises, as a send that broke part way): the
+    # drain goes on, its next claim (with j0's settle) comes back empty. [j1, j2] must go
+    # back, and run, before the drain ends, not stay leased with nobody to run them
+    q = echomq.Queue(queue_name, redis=r)
+    ids = [q.add("x", {"n": i}, job_id=f"j{i}") for i in range(3)]
+    client = redis.Redis.from_url(proxy.url)
+    scripts.load_all(client, q.keys.prefix)
+    consumer: AheadConsumer
+
+    def handler(job: echomq.Job) -> None:
+        consumer.runs.update([job.id])
+
+    consumer = AheadConsumer(echomq.Queue(queue_name, redis=client), handler, stop_after=10)
+    send_ahead = consumer.lanes.send_ahead
+
+    def broken_on_its_way(outcomes: Any, count: int) -> Any:
+        consumer.lanes.send_ahead = send_ahead  # once
+        ahead = send_ahead(outcomes, count)
+        wait_until(lambda: {b"j1", b"j2"} <= set(r.zrange(q.keys.leases, 0, -1)), 10,
+                   "the claim sent ahead to run")
+        ahead.drop()
+        raise redis.ConnectionError("the connection broke while the request went out")
+
+    consumer.lanes.send_ahead = broken_on_its_way  # type: ignore[method-assign]
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert consumer.lanes.send_ahead == send_ahead, "nothing was sent ahead"
+    for j in ids:
+        job = q.get(j)
+        assert job is not None and (job.state, job.stalls, consumer.runs[j]) == (
+            "completed", 0, 1), (job, consumer.runs)
