@@ -98,6 +98,7 @@ class ConcurrentDrain:
         # twice here at once, and each run is its own
         self.in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.done: list[Outcome] = []  # finished, not settled yet
+        self.resent: set[Outcome] = set()  # in done again after a round trip failed
         self.trips: set[asyncio.Task[None]] = set()  # round trips under way
         self.settling = 0  # outcomes in those round trips
         self.claiming = 0  # slots their claims may fill
@@ -105,7 +106,7 @@ class ConcurrentDrain:
         self.dry = True  # claim only when poked (or together with a settle)
         self.pokes = 0  # pokes so far: a claim sent before the latest one does not make us dry
         self.chain = False  # the first claim after a poke rings on if work remains
-        self.blocked = False  # the server failed: wait for a poke (or retry, when stopping)
+        self.blocked = False  # the server failed: retry after a pause (at once when poked)
         self.stopping = False
         self.abandon = False  # when stopping: give up on outcomes the server cannot take
         self.told_kept = False
@@ -261,25 +262,23 @@ class ConcurrentDrain:
                 if self.trips:
                     await self._wait()
                     continue
-                if not self.stopping:
-                    await self._wait()
-                    continue
-                if self.abandon and not self.in_flight:
+                if self.stopping and self.abandon and not self.in_flight:
                     log.warning("queue %s: leaving %d unsettled outcome(s) and %d unstarted "
                                 "job(s); their leases will expire", self.lanes.keys.queue,
                                 len(self.done), len(self.handback))
                     return
-                if self.abandon:
+                if self.stopping and self.abandon:
                     await self._wait()
                     continue
-                if not self.told_kept:
+                if self.stopping and not self.told_kept:
                     self.told_kept = True
                     log.warning("queue %s: stopping with %d unsettled outcome(s) and %d "
                                 "unstarted job(s), kept until the server answers",
                                 self.lanes.keys.queue, len(self.done), len(self.handback))
-                # no event says the server is back: retry the settle after a pause
-                await asyncio.sleep(min(MAX_RETRY_WAIT_S, 0.05 * 2 ** min(self.failures, 6)))
-                self.blocked = False
+                # only this consumer's connection may have failed, and then nobody pokes
+                # it: what it holds is settled, handed back or claimed again after a pause
+                await self._back_off()
+                continue
             if self.claim_unknown and not self.trips:
                 self.claim_unknown = False
                 try:
@@ -313,10 +312,31 @@ class ConcurrentDrain:
                                                           self.pokes, overdue))
             self.trips.add(trip)
 
-    async def _wait(self) -> None:
+    async def _wait(self, timeout: float | None = None) -> None:
+        """Wait for a wake-up (a poke, a stop, a job or a round trip ending), at most
+        ``timeout`` seconds."""
         assert self._wake is not None
-        await self._wake.wait()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            return
         self._wake.clear()
+
+    async def _back_off(self) -> None:
+        """Blocked by a failed round trip: no event says the server is back, so wait a
+        pause that grows with the failures in a row (at most a beat), then try again; a
+        poke or a stop ends it early. Jobs finishing meanwhile do not: their outcomes wait
+        for it."""
+        pause = min(MAX_RETRY_WAIT_S, self.lanes.settings.beat_ms / 1000,
+                    0.05 * 2 ** min(self.failures, 6))
+        deadline = self.loop.time() + pause
+        stopping = self.stopping
+        while self.blocked and self.stopping == stopping:
+            left = deadline - self.loop.time()
+            if left <= 0:
+                break
+            await self._wait(left)
+        self.blocked = False
 
     async def _round_trip(self, outcomes: list[Outcome], want: int, chain: bool,
                           handback: list[tuple[str, str]], pokes: int = 0,
@@ -356,6 +376,7 @@ class ConcurrentDrain:
                 self._fill()  # a job waiting to run alone may start now
         elif outcomes:
             self.done = outcomes + self.done  # kept: their jobs stay held, settled later
+            self.resent.update(outcomes)
         if handback and not isinstance(release_reply, Exception):
             self.hooks.on_unstarted(handback)
         elif handback:
@@ -381,13 +402,14 @@ class ConcurrentDrain:
         self.failures += 1
         self.blocked = True
         if isinstance(failed, UNAVAILABLE_ERRORS):
+            # not dry: the drain goes on where it was once a retry gets through, and says
+            # IDLE only then (the supervisor extends what it holds meanwhile)
             if self.failures == 1 or self.failures % 20 == 0:
                 log.warning("queue %s: server unreachable while draining (%d outcome(s) "
-                            "kept): %s", self.lanes.keys.queue, len(self.done), failed)
-            if not self.dry:
-                self.dry = True
-                self.hooks.on_dry()
-        else:  # a script error: say so loudly; the outcomes are kept, never dropped
+                            "kept, trying again): %s", self.lanes.keys.queue, len(self.done),
+                            failed)
+        elif self.failures == 1 or self.failures % 20 == 0:
+            # a script error: say so loudly; the outcomes are kept, never dropped
             log.error("queue %s: a settle, claim or release failed (%d outcome(s) kept): %s",
                       self.lanes.keys.queue, len(self.done), failed)
 
@@ -410,7 +432,15 @@ class ConcurrentDrain:
 
     def _settled(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
         for o, code in zip(outcomes, codes, strict=True):
-            if code is Settled.STALE:
+            resent = o in self.resent
+            self.resent.discard(o)
+            if code is Settled.STALE and resent:
+                # a settled job's token matches nothing: the two cannot be told apart
+                log.warning("queue %s: job %s: its outcome, sent again after a lost reply, "
+                            "was refused: either the first sending recorded it, or its lease "
+                            "expired and it was handed out again", self.lanes.keys.queue,
+                            o.job_id)
+            elif code is Settled.STALE:
                 log.warning("queue %s: job %s settled with a stale lease token (its lease "
                             "expired and it was handed out again); result not recorded",
                             self.lanes.keys.queue, o.job_id)

@@ -74,6 +74,9 @@ class Drain:
         # never saw; they go back (uncharged) before the next claim
         self.claim_unknown = False
         self.early = EarlySettle(lanes)
+        # the outcomes carried into the next batch went out once in a request whose reply
+        # was lost: a refusal as stale may mean the first sending recorded them
+        self.carried_resent = False
         # turned off by an owner that must read a settle's reply before the next job
         # starts (durability "sync" writes retries through) or must not claim past a limit
         self.send_ahead = lanes.can_send_ahead()
@@ -138,6 +141,8 @@ class Drain:
                 if ahead is not None:  # claimed after this batch ran: read it, end if empty
                     batch, ahead = self._read_ahead(ahead, []), None
                     continue
+            if self.claim_unknown:  # a reply read before a suspect or a request sent ahead
+                self._release_unseen(outcomes)  # was lost; nothing is in flight now
             try:
                 codes, batch = self.lanes.settle_and_claim(outcomes, self.hooks.batch_size())
             except UNAVAILABLE_ERRORS:
@@ -146,6 +151,9 @@ class Drain:
                 raise
             self._settled(outcomes, codes)
             carried = []
+        if self.claim_unknown:  # its release failed above: nothing is held now, try again
+            self.lanes.release_unheld(set())
+            self.claim_unknown = False
 
     def _run_batch(self, batch: Sequence[Claimed], outcomes: list[Outcome]
                    ) -> list[tuple[str, str]] | None:
@@ -201,22 +209,37 @@ class Drain:
             codes, extra = ahead.read()
         except UNAVAILABLE_ERRORS:
             self.claim_unknown = True  # what it claimed comes back through the claims record
+            self.carried_resent = bool(ahead.outcomes)
             return batch, list(ahead.outcomes)
         self._settled(ahead.outcomes, codes)
         if extra:
             self.hooks.on_batch(extra)
         return [*batch, *extra], []
 
+    def _release_unseen(self, outcomes: Sequence[Outcome]) -> None:
+        """A claim's reply was lost and the drain went on: hand back, uncharged, what it
+        leased (the claims record names it) before the next claim, which can take it
+        again, instead of leaving it leased and unseen until the drain ends (on a busy
+        queue, never). ``outcomes``: what is held, finished and not settled yet. Call
+        only with no request in flight; on a network error it is tried again later."""
+        held = {(o.job_id, o.token) for o in outcomes}
+        try:
+            self.lanes.release_unheld(held)
+        except UNAVAILABLE_ERRORS:
+            return
+        self.claim_unknown = False
+
     def _settle_carried(self, carried: list[Outcome]) -> list[Outcome]:
         """Settle outcomes carried over from the batch before, before a batch that was not
         sent ahead runs (a crash of its jobs must not run them again); returns what is
         still unsettled: all of them when the server is unavailable (they go with this
         batch's settle, or stay pending)."""
+        resent, self.carried_resent = self.carried_resent, False
         try:
             codes = self.lanes.settle(carried)
         except UNAVAILABLE_ERRORS:
             return carried
-        self._settled(carried, codes)
+        self._settled(carried, codes, resent)
         return []
 
     def _read_ahead(self, ahead: Ahead, outcomes: list[Outcome]) -> list[Claimed]:

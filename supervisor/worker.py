@@ -116,25 +116,63 @@ class Worker:
                 return self._settle_then_exit(parent_gone=not data)
             if protocol.POKE in data:
                 self._drain_safely()
-                self._send_observations(force=True)
-                self._send(protocol.idle_line(self.report_jobs, self.report_wait_us))
-                self.report_jobs = self.report_wait_us = 0
+                if not self.parent_gone:
+                    self._send_observations(force=True)
+                    self._send(protocol.idle_line(self.report_jobs, self.report_wait_us))
+                    self.report_jobs = self.report_wait_us = 0
             if self.stopping:
-                return self._settle_then_exit()
+                return self._settle_then_exit(parent_gone=self.parent_gone)
             if self.max_jobs is not None and self.jobs_run >= self.max_jobs:
                 return protocol.EXIT_RECYCLE
 
     def _drain_safely(self) -> None:
+        """Drain; when the server cannot be reached or refuses, drain again after a backoff
+        until it answers. Only this process's connection may have failed, and then the
+        supervisor sees no outage and pokes nobody: the outcomes the drain could not settle
+        and the jobs a claim leased unseen are finished here, not at the next poke (the
+        parent keeps extending their leases while this child has not said IDLE). A poke
+        retries at once; a stop or the parent leaving ends the retries."""
+        failures = 0
+        refused = ""
+        while True:
+            try:
+                self.drain.run()
+                return
+            except UNAVAILABLE_ERRORS as exc:
+                failures += 1
+                code = refusal_code(exc)
+                if code and code != refused:  # the parent cannot always see a refusal
+                    refused = code
+                    self._send(protocol.refused_line(code, str(exc)))
+                elif not code and (failures == 1 or failures % 20 == 0):
+                    log.warning("queue %s: server unreachable while draining (%d "
+                                "outcome(s) kept, trying again): %s", self.queue,
+                                len(self.drain.pending), exc)
+            if self.stopping:
+                return
+            data = self._wait_on_pipe(failures)
+            if data is not None and (not data or protocol.STOP in data):
+                self.parent_gone = not data
+                self.stopping = True
+            if self.stopping:  # a SIGTERM meanwhile too
+                return
+
+    def _wait_on_pipe(self, failures: int) -> bytes | None:
+        """The backoff after the ``failures``-th failure in a row (at most a beat): no
+        event says the server is back, so wait on the pipe for that long (what the parent
+        writes ends the wait). Returns what was read (b"" when the parent is gone), None at
+        the timeout."""
+        wait = min(MAX_SETTLE_WAIT_S, self.settings.beat_ms / 1000,
+                   0.05 * 2 ** min(failures, 6))
+        readable, _, _ = select.select([self.sock], [], [], wait)
+        if not readable:
+            return None
         try:
-            self.drain.run()
-        except UNAVAILABLE_ERRORS as exc:
-            # the metronome reconnects and pokes again once the server answers; the drain
-            # keeps the outcomes it could not settle
-            code = refusal_code(exc)
-            if code:  # the parent cannot always see a refusal itself: say so, once a poke
-                self._send(protocol.refused_line(code, str(exc)))
-            else:
-                log.warning("queue %s: server unreachable while draining: %s", self.queue, exc)
+            return self.sock.recv(64)
+        except InterruptedError:
+            return None
+        except ConnectionError:
+            return b""
 
     def _serve_pool(self, pool: ConcurrentDrain) -> int:
         """Concurrent mode: the event loop runs here and watches the pipe."""
@@ -181,9 +219,7 @@ class Worker:
                 if parent_gone:
                     break  # nobody extends their leases now: they expire and run again
                 # no event says the server is back; wait on the pipe so EOF ends the wait
-                wait = min(MAX_SETTLE_WAIT_S, 0.05 * 2 ** min(failures, 6))
-                readable, _, _ = select.select([self.sock], [], [], wait)
-                if readable and not self.sock.recv(64):
+                if self._wait_on_pipe(failures) == b"":
                     parent_gone = True
         return protocol.EXIT_OK
 

@@ -1,0 +1,388 @@
+"""A TCP proxy between clients and a real server that cuts one connection at a chosen
+command, for tests of what a client does when its own connection fails.
+
+Every accepted connection is relayed to the server by two threads. Requests are parsed
+(RESP arrays, or inline commands) and relayed whole, one command at a time, and so are
+replies (RESP2 or RESP3), counted, so a cut lands exactly between two commands: the
+client gets the replies of the commands it sent before the chosen one (in the same
+pipeline too), then its connection is closed. A cut is armed with :meth:`Proxy.cut` and
+fires once, at the ``nth`` command any connection sends that its predicate matches
+(counted from when it was armed):
+
+- ``"before"``: the command is not relayed; the server's side is closed too (a request
+  that never reached the server: a settle never sent);
+- ``"after"``: the command is relayed, and the server's side stays open until
+  :meth:`Proxy.close`, so the server runs it, its reply dropped (a reply lost on the
+  way back: a claim that ran unseen);
+- ``"after"`` with ``reply=``: the same, judged on the reply instead, for what a
+  command did that only its reply tells (the claim that leased a given job).
+
+Commands written after the chosen one are never relayed. Other connections, and new
+ones made after the cut, are relayed untouched. Predicates get the command as a list of
+bytes; :func:`script` and :func:`command` build common ones. :meth:`Proxy.watch`
+counts commands without cutting; :meth:`Proxy.sever_all` cuts every connection at
+once. Use as a context manager, or call :meth:`Proxy.close`.
+
+    with Proxy(server_port) as proxy:
+        cut = proxy.cut(script(scripts.CLAIM), when="after")
+        ...  # clients connect to proxy.url
+        assert cut.fired.wait(10)
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+
+Command = list[bytes]
+Predicate = Callable[[Command], bool]
+
+
+def script(lua: object) -> Predicate:
+    """Matches a call of an :class:`echomq.scripts.LuaScript` (EVALSHA by its SHA1, or
+    EVAL of its source)."""
+    sha = str(lua.sha).encode()  # type: ignore[attr-defined]
+    source = str(lua.source).encode()  # type: ignore[attr-defined]
+
+    def match(cmd: Command) -> bool:
+        name = cmd[0].upper() if cmd else b""
+        return (name == b"EVALSHA" and len(cmd) > 1 and cmd[1].lower() == sha) or \
+            (name == b"EVAL" and len(cmd) > 1 and cmd[1] == source)
+
+    return match
+
+
+def command(name: str) -> Predicate:
+    """Matches every command of this name (any case)."""
+    wanted = name.upper().encode()
+    return lambda cmd: bool(cmd) and cmd[0].upper() == wanted
+
+
+@dataclass
+class Cut:
+    """One armed cut: fires once, at the ``nth`` matching command."""
+
+    match: Predicate
+    nth: int
+    when: str
+    reply: Callable[[bytes], bool] | None = None  # judged on the reply instead
+    seen: int = 0
+    fired: threading.Event = field(default_factory=threading.Event)
+    command: Command | None = None  # the command it fired at
+
+
+class Watch:
+    """Counts the commands any connection sends that match a predicate (counted from when
+    it was made, cut ones included)."""
+
+    def __init__(self, match: Predicate) -> None:
+        self.match = match
+        self.count = 0
+        self.cond = threading.Condition()
+
+    def saw(self, cmd: Command) -> None:
+        if self.match(cmd):
+            with self.cond:
+                self.count += 1
+                self.cond.notify_all()
+
+    def wait(self, count: int, timeout: float) -> bool:
+        """True once ``count`` matching commands were seen; False at the timeout."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.count >= count, timeout)
+
+
+def parse_command(buf: bytes | bytearray, start: int) -> tuple[Command, int] | None:
+    """The command at ``buf[start:]`` and the offset past it, or None while incomplete."""
+    if start >= len(buf):
+        return None
+    if buf[start:start + 1] != b"*":  # an inline command: one line of words
+        end = buf.find(b"\r\n", start)
+        if end < 0:
+            return None
+        return bytes(buf[start:end]).split(), end + 2
+    end = buf.find(b"\r\n", start)
+    if end < 0:
+        return None
+    count = int(buf[start + 1:end])
+    pos, args = end + 2, []
+    for _ in range(count):
+        end = buf.find(b"\r\n", pos)
+        if end < 0:
+            return None
+        size = int(buf[pos + 1:end])  # "$<size>"
+        if len(buf) < end + 2 + size + 2:
+            return None
+        args.append(bytes(buf[end + 2:end + 2 + size]))
+        pos = end + 2 + size + 2
+    return args, pos
+
+
+class Proxy:
+    """Relays 127.0.0.1:<port> to the server at ``host``:``target_port``."""
+
+    def __init__(self, target_port: int, host: str = "127.0.0.1") -> None:
+        self.target = (host, target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        self.lock = threading.Lock()
+        self.cuts: list[Cut] = []
+        self.watches: list[Watch] = []
+        self.socks: list[socket.socket] = []
+        self.closed = False
+        threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        """A redis:// URL through this proxy (database 0)."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def cut(self, match: Predicate, *, nth: int = 1, when: str = "before",
+            reply: Callable[[bytes], bool] | None = None) -> Cut:
+        """Arm a cut of the connection that sends the ``nth`` command matching ``match``
+        from now on; ``when`` is "before" or "after" (see the module's docstring). With
+        ``reply``, the cut is "after" the ``nth`` command matching ``match`` whose reply
+        (its raw bytes) ``reply`` accepts: that reply is dropped, the client's side closed
+        (what a command took is known only once it ran: a claim that leased a given job)."""
+        if when not in ("before", "after") or nth < 1 or (reply and when != "after"):
+            raise ValueError(f"bad cut: when={when!r}, nth={nth}, reply={reply!r}")
+        armed = Cut(match, nth, when, reply)
+        with self.lock:
+            self.cuts.append(armed)
+        return armed
+
+    def watch(self, match: Predicate) -> Watch:
+        """Count the commands matching ``match`` from now on (see :class:`Watch`)."""
+        watch = Watch(match)
+        with self.lock:
+            self.watches.append(watch)
+        return watch
+
+    def sever_all(self) -> None:
+        """Close every connection relayed so far, both sides (new ones are relayed)."""
+        with self.lock:
+            socks, self.socks = self.socks, []
+        for s in socks:
+            _close(s)
+
+    def close(self) -> None:
+        """Stop accepting and close every connection."""
+        self.closed = True
+        _close(self.listener)
+        self.sever_all()
+
+    def __enter__(self) -> Proxy:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # --- relaying ------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                _close(client)
+                continue
+            with self.lock:
+                if self.closed:
+                    _close(client)
+                    _close(server)
+                    return
+                self.socks += [client, server]
+            link = Link(client, server, self)
+            threading.Thread(target=self._up, args=(link,), daemon=True,
+                             name="proxy-up").start()
+            threading.Thread(target=link.down, daemon=True, name="proxy-down").start()
+
+    def _firing(self, cmd: Command) -> Cut | None:
+        """The cut this command fires, if any; it counts for every armed cut it matches
+        (two cuts reaching their nth match at once act as the first armed)."""
+        firing = None
+        with self.lock:
+            for watch in self.watches:
+                watch.saw(cmd)
+            for armed in self.cuts:
+                if armed.command is not None or armed.reply or not armed.match(cmd):
+                    continue
+                armed.seen += 1
+                if armed.seen == armed.nth:
+                    armed.command = cmd
+                    firing = firing or armed
+        return firing
+
+    def _fired(self, cmd: Command) -> None:
+        with self.lock:
+            for armed in self.cuts:
+                if armed.command is cmd:
+                    armed.fired.set()
+
+    def _reply_firing(self, cmd: Command, reply: bytes) -> Cut | None:
+        """The cut this reply to ``cmd`` fires, if any (it counts for every cut armed by
+        now that judges replies and accepts it, wherever ``cmd`` was relayed before)."""
+        firing = None
+        with self.lock:
+            for armed in self.cuts:
+                if armed.command is not None or not armed.reply or not armed.match(cmd) \
+                        or not armed.reply(reply):
+                    continue
+                armed.seen += 1
+                if armed.seen == armed.nth:
+                    armed.command = cmd
+                    firing = firing or armed
+        return firing
+
+    def _up(self, link: Link) -> None:
+        buf = bytearray()
+        while True:
+            try:
+                data = link.client.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                _close(link.server)
+                return
+            buf += data
+            pos = 0
+            while (parsed := parse_command(buf, pos)) is not None:
+                cmd, end = parsed
+                armed = self._firing(cmd)
+                if armed is None:
+                    pos = end
+                    link.expect(cmd)
+                    continue
+                # the commands before it are answered; the client hears nothing after
+                link.cut_after(link.sent, keep_server=armed.when == "after")
+                _send(link.server, bytes(buf[:end if armed.when == "after" else pos]))
+                self._fired(cmd)
+                return
+            if pos:
+                if not _send(link.server, bytes(buf[:pos])):
+                    _close(link.client)
+                    return
+                del buf[:pos]
+
+
+class Link:
+    """One relayed connection. Replies are relayed whole and counted, so a cut closes the
+    client's side right after the replies of the commands before the one it fired at."""
+
+    def __init__(self, client: socket.socket, server: socket.socket, proxy: Proxy) -> None:
+        self.client = client
+        self.server = server
+        self.proxy = proxy
+        self.lock = threading.Lock()
+        self.sent = 0  # commands relayed to the server
+        self.expected: deque[Command] = deque()  # relayed, not answered yet
+        self.relayed = 0  # replies relayed to the client
+        self.limit: int | None = None  # replies the client gets, once a cut fired
+        self.keep_server = False
+
+    def expect(self, cmd: Command) -> None:
+        """``cmd`` is about to be relayed (its reply comes in this order)."""
+        with self.lock:
+            self.sent += 1
+            self.expected.append(cmd)
+
+    def cut_after(self, replies: int, keep_server: bool) -> None:
+        """Close the client's side once ``replies`` replies reached it (the server's side
+        too, unless ``keep_server``: it then runs what it got, its replies dropped)."""
+        with self.lock:
+            self.limit, self.keep_server = replies, keep_server
+            self._close_if_due()
+
+    def _close_if_due(self) -> None:
+        if self.limit is not None and self.relayed >= self.limit:
+            _close(self.client)
+            if not self.keep_server:
+                _close(self.server)
+
+    def down(self) -> None:
+        """Relay the server's replies, one whole reply at a time, until the limit."""
+        buf = bytearray()
+        while True:
+            try:
+                data = self.server.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                _close(self.client)
+                return
+            buf += data
+            pos = 0
+            while (end := reply_end(buf, pos)) is not None:
+                reply, pos = bytes(buf[pos:end]), end
+                with self.lock:
+                    if self.limit is not None and self.relayed >= self.limit:
+                        continue  # dropped: the server's side drains
+                    if reply[:1] == b">":  # a push answers no command
+                        _send(self.client, reply)
+                        continue
+                    cmd = self.expected.popleft() if self.expected else []
+                    armed = self.proxy._reply_firing(cmd, reply)
+                    if armed is not None:
+                        self.limit, self.keep_server = self.relayed, True
+                        self._close_if_due()
+                        armed.fired.set()
+                        continue
+                    _send(self.client, reply)
+                    self.relayed += 1
+                    self._close_if_due()
+            del buf[:pos]
+
+
+def reply_end(buf: bytes | bytearray, start: int) -> int | None:
+    """The offset past the (RESP2 or RESP3) reply at ``buf[start:]``, None while
+    incomplete."""
+    end = buf.find(b"\r\n", start)
+    if end < 0:
+        return None
+    kind, head = buf[start:start + 1], bytes(buf[start + 1:end])
+    pos = end + 2
+    if kind in (b"$", b"=", b"!"):  # a blob (or null: -1)
+        size = int(head)
+        if size < 0:
+            return pos
+        return pos + size + 2 if len(buf) >= pos + size + 2 else None
+    if kind in (b"*", b"~", b">", b"%", b"|"):  # an aggregate (a map: pairs)
+        count = int(head)
+        count *= 2 if kind in (b"%", b"|") else 1
+        for _ in range(max(count, 0)):
+            nxt = reply_end(buf, pos)
+            if nxt is None:
+                return None
+            pos = nxt
+        if kind == b"|":  # attributes come before the reply they describe
+            return reply_end(buf, pos)
+        return pos
+    return pos  # a line: + - : _ , # (
+
+
+def _send(sock: socket.socket, data: bytes) -> bool:
+    try:
+        sock.sendall(data)
+    except OSError:
+        return False
+    return True
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
