@@ -151,7 +151,7 @@ class Drain:
                 raise
             self._settled(outcomes, codes)
             carried = []
-        if self.claim_unknown:  # its release failed above: nothing is held now, try again
+        if self.claim_unknown:  # the drain ended before a release point: nothing is held now
             self.lanes.release_unheld(set())
             self.claim_unknown = False
 
@@ -221,12 +221,15 @@ class Drain:
         leased (the claims record names it) before the next claim, which can take it
         again, instead of leaving it leased and unseen until the drain ends (on a busy
         queue, never). ``outcomes``: what is held, finished and not settled yet. Call
-        only with no request in flight; on a network error it is tried again later."""
+        only with no request in flight. On a network error or a refusal the drain ends
+        with it, ``outcomes`` pending: going on, sending ahead, it would not come back here
+        before the queue ran dry, and the next call hands them back before it claims."""
         held = {(o.job_id, o.token) for o in outcomes}
         try:
             self.lanes.release_unheld(held)
         except UNAVAILABLE_ERRORS:
-            return
+            self.pending = list(outcomes)
+            raise
         self.claim_unknown = False
 
     def _settle_carried(self, carried: list[Outcome]) -> list[Outcome]:

@@ -22,11 +22,12 @@ from echomq.supervisor.localredis import free_port
 
 import echomq
 from echomq import scripts
+from echomq.connection import connect
 from echomq.job import Claimed
 from echomq.lanes import Lanes
 
 from .conftest import Supervisor, wait_until
-from .proxy import Proxy, script
+from .proxy import Proxy, command, script
 
 Start = Callable[..., Supervisor]
 MODES = [pytest.param([], id="plain"), pytest.param(["--concurrency", "4"], id="concurrent")]
@@ -280,3 +281,52 @@ def test_a_request_sent_ahead_that_fails_on_its_way_costs_what_it_claimed_no_wai
         job = q.get(j)
         assert job is not None and (job.state, job.stalls, consumer.runs[j]) == (
             "completed", 0, 1), (job, consumer.runs)
+
+
+def test_a_hand_back_of_unseen_claims_that_fails_ends_the_drain_to_be_tried_again(
+        proxy: Proxy, queue_name: str, r: redis.Redis) -> None:
+    # as above, the reply of the request read before the suspect j3 runs is lost, and then
+    # the hand-back of what it leased fails too (its read of the claims record is cut).
+    # The drain must not go on as if it had landed: sending ahead, it never comes back to
+    # that point before it ends, so on a busy queue those jobs stay leased and unseen
+    # (and, once later claims push them off the claims record, are reaped as stalls). It
+    # ends instead, and the consumer's retry hands them back first
+    q = echomq.Queue(queue_name, redis=r)
+    for i in range(20):
+        q.add("x", {"n": i}, job_id=f"j{i}")
+    lanes = Lanes(r, q.keys, q.settings)
+    claimed = lanes.claim(100)
+    lanes.release([(c.id, c.token) for c in claimed[4:]], "unstarted")
+    lanes.release([(c.id, c.token) for c in claimed[3:4]], "suspect")
+    lanes.release([(c.id, c.token) for c in claimed[:3]], "unstarted")
+    client = connect(proxy.url)  # no retries of its own, as a consumer's
+    scripts.load_all(client, q.keys.prefix)
+    consumer: AheadConsumer
+
+    def handler(job: echomq.Job) -> None:
+        consumer.runs.update([job.id])
+
+    consumer = AheadConsumer(echomq.Queue(queue_name, redis=client), handler, stop_after=12)
+    lost = proxy.cut(script(scripts.CLAIM), nth=4, when="after")
+    unread = proxy.cut(command("LRANGE"), when="before")
+    failures = 0
+    try:
+        while True:  # as a supervised consumer does, after a backoff
+            try:
+                consumer._drainer.run()
+                break
+            except redis.ConnectionError:
+                failures += 1
+                assert failures < 5
+    finally:
+        consumer.close()
+    assert lost.fired.is_set() and unread.fired.is_set()
+    unseen = [c.id for c in claimed[5:7]]  # what the lost request claimed
+    assert {j: consumer.runs[j] for j in unseen} == {j: 1 for j in unseen}, (
+        "jobs a lost reply leased stayed leased, unseen, after their hand-back failed: "
+        f"ran {sorted(consumer.runs)}")
+    for j in unseen:
+        job = q.get(j)
+        assert job is not None and (job.state, job.attempts, job.stalls) == (
+            "completed", 1, 0), job
+    assert max(consumer.runs.values()) == 1
