@@ -135,7 +135,7 @@ class Consumer:
             self._stop_deadline = time.monotonic() + self.drain_timeout
         self._stopping = True
         if self._pool is not None:
-            self._pool.stop(abandon=True)
+            self._pool.stop()  # past the drain timeout, _finish_pool gives up on it
         try:
             os.write(self._stop_w, b"x")
         except (BlockingIOError, OSError):
@@ -230,6 +230,8 @@ class Consumer:
                     select.select([self._stop_r], [], [], wait)
                     next_promote = next_reap = 0.0
                     work = True
+            if self._pool is None and self._drainer.pending:
+                self._settle_pending()
         except KeyboardInterrupt:
             # a sync job in this thread was cut off (past the drain timeout, a second signal,
             # or an interrupt of the application's); the pool hands back its own
@@ -241,7 +243,7 @@ class Consumer:
                 raise
         finally:
             if self._pool is not None:
-                self._pool.stop(abandon=True)
+                self._pool.stop()
                 self._finish_pool(self._pool)
             heartbeat_stop.set()
             doorbell.close()
@@ -391,8 +393,37 @@ class Consumer:
                 self._deadline_timer.start()
             return
         self._cut = True
+        try:
+            os.write(self._stop_w, b"x")  # ends a wait to settle again (_settle_pending)
+        except (BlockingIOError, OSError):
+            pass
         if self._pool is None and self._running:
             raise KeyboardInterrupt  # out of the sync job running in this thread
+
+    def _settle_pending(self) -> None:
+        """Stopping with outcomes the server did not take (their settle failed): try again
+        after a pause until it answers, the drain timeout passes or a second signal comes,
+        instead of leaving finished jobs to be reaped as stalls and run again."""
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.drain_timeout
+        failures = 0
+        while self._drainer.pending and not self._cut:
+            left = self._stop_deadline - time.monotonic()
+            if left <= 0:
+                log.warning("queue %s: drain timeout: leaving %d unsettled outcome(s); their "
+                            "leases will expire", self.queue.name, len(self._drainer.pending))
+                return
+            failures += 1
+            select.select([self._stop_r], [], [],
+                          min(left, MAX_RECONNECT_WAIT_S, 0.05 * 2 ** min(failures, 7)))
+            self._drain_stop_pipe()
+            try:
+                self._drainer.settle(self._drainer.pending, resent=True)
+            except UNAVAILABLE_ERRORS as exc:
+                if failures == 1:
+                    log.warning("queue %s: %d unsettled outcome(s) kept until the server "
+                                "answers (at most until the drain timeout): %s",
+                                self.queue.name, len(self._drainer.pending), exc)
 
     def _past_deadline(self) -> None:
         """The drain timeout passed with a sync job still running in the main thread."""

@@ -5,8 +5,9 @@
 
 Its handler records each start in ``ledger:<queue>:started`` (``id:pid:attempt``) and each
 end in ``ledger:<queue>:done``. Payload options: ``sleep`` (s of work), ``exit`` (a code:
-``os._exit`` mid-job). The process prints ``ready`` once the consumer is built and
-``ran N`` when ``run()`` returns.
+``os._exit`` mid-job), ``gate`` (a list key: the job waits until the test pushes to it).
+The process prints ``ready`` once the consumer is built and ``ran N`` when ``run()``
+returns.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main() -> int:
         payload = job.payload if isinstance(job.payload, dict) else {}
         if "exit" in payload:
             os._exit(int(payload["exit"]))
+        if "gate" in payload:
+            ledger.blpop([str(payload["gate"])], 60)
         return payload
 
     def handle(job: echomq.Job) -> str:

@@ -9,10 +9,15 @@ is a cut of a consumer's connection.
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+import threading
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -330,3 +335,48 @@ def test_a_hand_back_of_unseen_claims_that_fails_ends_the_drain_to_be_tried_agai
         assert job is not None and (job.state, job.attempts, job.stalls) == (
             "completed", 1, 0), job
     assert max(consumer.runs.values()) == 1
+
+
+@pytest.mark.parametrize("concurrency", ["1", "2"])
+def test_a_standalone_consumer_stopped_while_its_settle_fails_settles_when_it_answers(
+        proxy: Proxy, queue_name: str, r: redis.Redis, concurrency: str) -> None:
+    # a standalone consumer is told to stop while a job runs; the job finishes and its
+    # settle is cut on its way. The connection mends at once: the outcome must be settled
+    # within the drain timeout, not left with its lease to expire, the job reaped as a
+    # stall and run again
+    q = echomq.Queue(queue_name, redis=r)
+    gate = f"gate:{queue_name}"
+    job_id = q.add("x", {"gate": gate}, job_id="held")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, str(root / "tests" / "core" / "standalone_proc.py"), proxy.url,
+         queue_name, "--concurrency", concurrency, "--drain-timeout", "20"],
+        env={**os.environ, "PYTHONPATH": str(root)}, cwd=root, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        lines.extend(line.rstrip("\n") for line in proc.stdout)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: _runs(r, queue_name, job_id) == 1, 30, "the job to start")
+        cut = proxy.cut(script(scripts.SETTLE), when="before")
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: any("stopping" in line for line in lines), 10, "the stop")
+        r.rpush(gate, "go")  # the job ends; its settle is cut
+        proc.wait(40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        reader.join(10)
+    out = "\n".join(lines)
+    assert cut.fired.is_set(), out
+    assert proc.returncode == 0, out
+    job = q.get(job_id)
+    assert job is not None and (job.state, job.stalls) == ("completed", 0), (job, out)
+    assert _runs(r, queue_name, job_id) == 1
+    assert r.zcard(q.keys.leases) == 0, out
