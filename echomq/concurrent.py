@@ -105,7 +105,7 @@ class ConcurrentDrain:
         self.dry = True  # claim only when poked (or together with a settle)
         self.pokes = 0  # pokes so far: a claim sent before the latest one does not make us dry
         self.chain = False  # the first claim after a poke rings on if work remains
-        self.blocked = False  # the server failed: wait for a poke (or retry, when stopping)
+        self.blocked = False  # the server failed: wait for a poke (or retry after a pause)
         self.stopping = False
         self.abandon = False  # when stopping: give up on outcomes the server cannot take
         self.told_kept = False
@@ -261,8 +261,14 @@ class ConcurrentDrain:
                 if self.trips:
                     await self._wait()
                     continue
-                if not self.stopping:
+                if not self.stopping and not (self.done or self.handback or self.overdue):
                     await self._wait()
+                    continue
+                if not self.stopping:
+                    # outcomes or hand-backs held: a quiet queue brings no poke, so try
+                    # again after a pause (a poke ends it sooner)
+                    await self._wait(min(MAX_RETRY_WAIT_S, 0.05 * 2 ** min(self.failures, 6)))
+                    self.blocked = False
                     continue
                 if self.abandon and not self.in_flight:
                     log.warning("queue %s: leaving %d unsettled outcome(s) and %d unstarted "
@@ -313,9 +319,15 @@ class ConcurrentDrain:
                                                           self.pokes, overdue))
             self.trips.add(trip)
 
-    async def _wait(self) -> None:
+    async def _wait(self, timeout: float | None = None) -> None:
         assert self._wake is not None
-        await self._wake.wait()
+        if timeout is None:
+            await self._wake.wait()
+        else:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                pass
         self._wake.clear()
 
     async def _round_trip(self, outcomes: list[Outcome], want: int, chain: bool,
