@@ -71,3 +71,88 @@ def test_a_refused_settle_is_sent_again_on_a_quiet_queue(
         thread.join(30)
         consumer.close()
         admin.close()
+
+
+def _errors(admin: redis.Redis, code: str) -> int:
+    stat = admin.info("errorstats").get(f"errorstat_{code}")
+    return int(stat["count"]) if stat else 0
+
+
+@pytest.mark.timeout(60)
+def test_a_settle_failing_with_a_script_error_is_kept_and_sent_again(
+        private_redis: LocalRedis) -> None:
+    queue = "script-error"
+    keys = Keys(queue)
+    admin = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue, redis_url=private_redis.url)
+    job_id = q.add("one", None)
+    started, finish = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def handler(job: echomq.Job) -> str:
+        runs.append(job.id)
+        started.set()
+        assert finish.wait(30)
+        return "fine"
+
+    consumer = echomq.Consumer(queue, handler, redis_url=private_redis.url, concurrency=4,
+                               lease_ms=60_000)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(20)
+        # the settle meets a job key of the wrong kind: the script fails (WRONGTYPE), no
+        # outage, before it writes anything
+        saved = admin.hgetall(keys.job(job_id))
+        before = _errors(admin, "WRONGTYPE")
+        admin.delete(keys.job(job_id))
+        admin.set(keys.job(job_id), "not a hash")
+        finish.set()
+        _wait_until(lambda: _errors(admin, "WRONGTYPE") > before, 20, "the failed settle")
+        admin.delete(keys.job(job_id))
+        admin.hset(keys.job(job_id), mapping=saved)  # type: ignore[arg-type]
+        assert q.result(job_id, timeout=20) == "fine"
+        assert runs == [job_id]
+        assert q.counts()["active"] == 0
+    finally:
+        finish.set()
+        consumer.stop()
+        thread.join(30)
+        consumer.close()
+        admin.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_settle_that_always_fails_is_given_up_and_holds_no_later_job(
+        private_redis: LocalRedis) -> None:
+    queue = "poisoned"
+    keys = Keys(queue)
+    admin = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue, redis_url=private_redis.url)
+    poisoned = q.add("one", None)
+    started, finish = threading.Event(), threading.Event()
+
+    def handler(job: echomq.Job) -> str:
+        if job.id == poisoned:
+            started.set()
+            assert finish.wait(30)
+        return "fine"
+
+    consumer = echomq.Consumer(queue, handler, redis_url=private_redis.url, concurrency=4,
+                               lease_ms=60_000)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(20)
+        admin.delete(keys.job(poisoned))
+        admin.set(keys.job(poisoned), "not a hash")  # for good: every settle with it fails
+        finish.set()
+        later = q.add("two", None)
+        assert q.result(later, timeout=30) == "fine"
+        _wait_until(lambda: poisoned not in consumer._held, 20, "the poisoned job let go")
+    finally:
+        finish.set()
+        consumer.stop()
+        thread.join(30)
+        consumer.close()
+        admin.close()
