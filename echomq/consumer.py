@@ -391,7 +391,10 @@ class Consumer:
                 self._deadline_timer.start()
             return
         self._cut = True
-        if self._pool is None and self._running:
+        self.runner.cut = True  # a sync job cut before its handler starts is cut there
+        log.warning("queue %s: %s again: handing back the running job(s) at once",
+                    self.queue.name, signal.Signals(signum).name)
+        if self._pool is None and self._running and self.runner.in_handler:
             raise KeyboardInterrupt  # out of the sync job running in this thread
 
     def _past_deadline(self) -> None:
