@@ -420,10 +420,12 @@ async def load(client: Any, script: scripts.LuaScript, key: str | None) -> None:
 
 
 async def execute(client: Any,
-                  calls: Sequence[tuple[scripts.LuaScript, Sequence[str], Sequence[scripts.Arg]]]
-                  ) -> list[Any]:
+                  calls: Sequence[tuple[scripts.LuaScript, Sequence[str], Sequence[scripts.Arg]]],
+                  *, raise_errors: bool = True) -> list[Any]:
     """Script calls in one pipeline (one round trip per node); a call refused with NOSCRIPT
-    is re-run alone after loading the script.
+    is re-run alone after loading the script. A call that fails raises its error, unless
+    ``raise_errors`` is False: then its error is its reply, and the other calls' replies
+    are kept (a pipeline that fails as a whole still raises).
 
     On a cluster redis-py's pipeline refuses EVALSHA, so the calls go in one plain pipeline
     per owning node; a call answered with MOVED, ASK, TRYAGAIN or CLUSTERDOWN did not run
@@ -439,8 +441,13 @@ async def execute(client: Any,
     for i, reply in enumerate(replies):
         if isinstance(reply, scripts.NOT_RUN + (redis.exceptions.MovedError,)):
             script, keys, args = calls[i]
-            replies[i] = await evalsha(client, script, keys, args)
-        elif isinstance(reply, Exception):
+            try:
+                replies[i] = await evalsha(client, script, keys, args)
+            except redis.exceptions.RedisError as exc:
+                if raise_errors:
+                    raise
+                replies[i] = exc
+        elif isinstance(reply, Exception) and raise_errors:
             raise reply
     return replies
 

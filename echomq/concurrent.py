@@ -54,6 +54,7 @@ from echomq.scripts import Settled
 log = logging.getLogger("echomq.drain")
 MAX_CLAIM = 1000  # jobs one claim may lease: bounds one script's run time
 MAX_RETRY_WAIT_S = 2.0
+MAX_SETTLE_ERRORS = 5  # a job's settle failing by a script error this often is given up
 MAX_ROUND_TRIPS = 3  # overlapping round trips at most; past that, outcomes batch up
 # the buffer holds about as many jobs as the slots finish in this long (so a buffered job
 # starts within it), at most default_prefetch(): jobs long enough to keep a slot for a while
@@ -103,6 +104,8 @@ class ConcurrentDrain:
         self.settling = 0  # outcomes in those round trips
         self.claiming = 0  # slots their claims may fill
         self.failures = 0
+        self.settle_errors: dict[str, int] = {}  # job id: its settles failed by a script error
+        self.isolate = False  # settle each outcome by a call of its own (after a script error)
         self.dry = True  # claim only when poked (or together with a settle)
         self.pokes = 0  # pokes so far: a claim sent before the latest one does not make us dry
         self.chain = False  # the first claim after a poke rings on if work remains
@@ -347,36 +350,56 @@ class ConcurrentDrain:
         ``pokes``: the poke count when it was sent; a short claim makes the drain dry only
         if no poke came since (the work it announced came after this claim ran, and its
         ring is spent)."""
-        calls = []
-        if outcomes:
-            calls.append(self.lanes.settle_call(outcomes))
+        # after a settle failed by a script error, each outcome is settled by a call of its
+        # own, so one job that fails every settle holds none of the others with it
+        groups = [[o] for o in outcomes] if self.isolate else [outcomes] if outcomes else []
+        calls = [self.lanes.settle_call(group) for group in groups]
         if want:
             calls.append(self.lanes.claim_call(want, chain))
         if handback:
             calls.append(self.lanes.release_call(handback, "unstarted"))
         if overdue:
             calls.append(self.lanes.release_call(overdue, "stall"))
-        try:
-            replies = await self._execute(calls)
-        except UNAVAILABLE_ERRORS as exc:
+        try:  # each call's error is its own reply: a failed settle loses no claim's reply
+            replies = await self._execute(calls, raise_errors=False)
+        except Exception as exc:  # noqa: BLE001 - the pipeline failed: every call with it
             replies = [exc] * len(calls)
         finally:
             self.settling -= len(outcomes)
             self.claiming -= want
             self.trips.discard(asyncio.current_task())  # type: ignore[arg-type]
             self._set_wake()
-        settle_reply = replies[0] if outcomes else None
-        claim_reply = replies[1 if outcomes else 0] if want else None
+        settle_replies = replies[:len(groups)]
+        claim_reply = replies[len(groups)] if want else None
         release_reply = replies[len(calls) - 1 - bool(overdue)] if handback else None
         overdue_reply = replies[-1] if overdue else None
         # settled first: their holdings entries free up before the new batch takes them
-        if outcomes and not isinstance(settle_reply, Exception):
-            self._settled(outcomes, scripts.settled_codes(settle_reply))
+        settled: list[Outcome] = []
+        codes: list[Settled] = []
+        kept: list[Outcome] = []
+        dropped: list[Outcome] = []
+        script_error = False
+        for group, reply in zip(groups, settle_replies, strict=True):
+            if not isinstance(reply, Exception):
+                settled += group
+                codes += scripts.settled_codes(reply)
+            elif isinstance(reply, UNAVAILABLE_ERRORS):
+                kept += group
+            else:
+                script_error = True
+                (dropped if self._give_up_settling(group, reply) else kept).extend(group)
+        for o in (*settled, *dropped):
+            self.settle_errors.pop(o.job_id, None)
+        self.isolate = script_error or (self.isolate and bool(kept))
+        if settled:
+            self._settled(settled, codes)
             if not self.stopping:
                 self._fill()  # a job waiting to run alone may start now
-        elif outcomes:
-            self.done = outcomes + self.done  # kept: their jobs stay held, settled later
-            self.resent.update(outcomes)
+        if dropped:  # no longer held: their leases run out and the reaper hands them out again
+            self.hooks.after_settle(dropped, [Settled.STALE] * len(dropped))
+        if kept:
+            self.done = kept + self.done  # kept: their jobs stay held, settled later
+            self.resent.update(kept)
         if handback and not isinstance(release_reply, Exception):
             self.hooks.on_unstarted(handback)
         elif handback:
@@ -394,7 +417,7 @@ class ConcurrentDrain:
                 self.hooks.on_dry()
         if isinstance(claim_reply, Exception):
             self.claim_unknown = True
-        failed = next((r for r in (settle_reply, claim_reply, release_reply, overdue_reply)
+        failed = next((r for r in (*settle_replies, claim_reply, release_reply, overdue_reply)
                        if isinstance(r, Exception)), None)
         if failed is None:
             self.failures = 0
@@ -413,6 +436,21 @@ class ConcurrentDrain:
             log.error("queue %s: a settle, claim or release failed (%d outcome(s) kept): %s",
                       self.lanes.keys.queue, len(self.done), failed)
 
+    def _give_up_settling(self, group: Sequence[Outcome], error: Exception) -> bool:
+        """True when the one outcome of ``group`` met a script error (no outage)
+        MAX_SETTLE_ERRORS times: a job key of the wrong kind fails every settle it is in,
+        and kept for ever its outcome would hold a slot of this drain."""
+        if len(group) != 1:
+            return False  # settled one by one from now on, to find the one that fails
+        job_id = group[0].job_id
+        errors = self.settle_errors[job_id] = self.settle_errors.get(job_id, 0) + 1
+        if errors < MAX_SETTLE_ERRORS:
+            return False
+        log.error("queue %s: giving up on settling job %s after %d script errors (%s); its "
+                  "lease will expire and it runs again", self.lanes.keys.queue, job_id, errors,
+                  error)
+        return True
+
     async def _release_unheld(self) -> None:
         """Hand back the jobs our claims leased that we do not hold (Lanes.release_unheld)."""
         if not self.lanes.claimer:
@@ -424,11 +462,11 @@ class ConcurrentDrain:
         if unheld:
             await self._execute([self.lanes.release_call(unheld, "unstarted")])
 
-    async def _execute(self, calls: Sequence[tuple[scripts.LuaScript, list[str], list[Any]]]
-                       ) -> list[Any]:
+    async def _execute(self, calls: Sequence[tuple[scripts.LuaScript, list[str], list[Any]]],
+                       *, raise_errors: bool = True) -> list[Any]:
         """Run script calls in one pipeline, loading a script the server lacks (NOSCRIPT);
         on a cluster, on the node owning the queue's slot (see :func:`echomq.aio.execute`)."""
-        return await aio.execute(self.aclient, calls)
+        return await aio.execute(self.aclient, calls, raise_errors=raise_errors)
 
     def _settled(self, outcomes: Sequence[Outcome], codes: Sequence[Settled]) -> None:
         for o, code in zip(outcomes, codes, strict=True):

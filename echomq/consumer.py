@@ -397,7 +397,10 @@ class Consumer:
             os.write(self._stop_w, b"x")  # ends a wait to settle again (_settle_pending)
         except (BlockingIOError, OSError):
             pass
-        if self._pool is None and self._running:
+        self.runner.cut = True  # a sync job cut before its handler starts is cut there
+        log.warning("queue %s: %s again: handing back the running job(s) at once",
+                    self.queue.name, signal.Signals(signum).name)
+        if self._pool is None and self._running and self.runner.in_handler:
             raise KeyboardInterrupt  # out of the sync job running in this thread
 
     def _settle_pending(self) -> None:

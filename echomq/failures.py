@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+import traceback
 from typing import Any
 
 from echomq.control import Fail, Retry
@@ -55,18 +56,36 @@ class Bucket:
 _bucket = Bucket()
 
 
+def printable(text: str) -> str:
+    """``text`` with lone surrogates escaped (``\\udcff``), so any handler can write it: a
+    strict UTF-8 log file, or a process that sends its log lines on as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def one_line(exc: BaseException) -> str:
-    """``Type: first line of the message``, bounded."""
-    text = str(exc).strip().splitlines()
+    """``Type: first line of the message``, bounded (the type alone when its str() raises)."""
+    try:
+        text = str(exc).strip().splitlines()
+    except Exception:  # noqa: BLE001 - a broken __str__: the line names the type
+        text = []
     if text and isinstance(exc, (Retry, Fail)):  # their text names them already
         line = text[0]
     else:
         line = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    line = printable(line)
     return line if len(line) <= ONE_LINE_CHARS else line[:ONE_LINE_CHARS - 1] + "…"
 
 
 def note(queue: str, claimed: Any, exc: BaseException) -> None:
-    """Log one failed attempt of ``claimed`` (an echomq.job.Claimed), within the bucket."""
+    """Log one failed attempt of ``claimed`` (an echomq.job.Claimed), within the bucket.
+    Never raises: a line that cannot be made is not worth the job's failure."""
+    try:
+        _note(queue, claimed, exc)
+    except Exception:  # noqa: BLE001 - the job's own error keeps its failure
+        pass
+
+
+def _note(queue: str, claimed: Any, exc: BaseException) -> None:
     if not LOGGER.isEnabledFor(logging.WARNING):
         return
     allowed, refused = _bucket.take()
@@ -81,11 +100,15 @@ def note(queue: str, claimed: Any, exc: BaseException) -> None:
               "job_id": claimed.id, "job_name": claimed.name, "lane": claimed.lane,
               "attempt": claimed.attempts, "max_attempts": claimed.max_attempts,
               "pid": os.getpid()}
-    where = (f"job {claimed.id} ({claimed.name}) on queue {queue} lane {claimed.lane}, "
-             f"attempt {claimed.attempts} of {claimed.max_attempts}")
+    where = printable(f"job {claimed.id} ({claimed.name}) on queue {queue} lane "
+                      f"{claimed.lane}, attempt {claimed.attempts} of {claimed.max_attempts}")
     if dead:
-        LOGGER.error("%s failed, dead: %s", where, one_line(exc), extra=fields,
-                     exc_info=(type(exc), exc, exc.__traceback__))
+        record = LOGGER.makeRecord(LOGGER.name, logging.ERROR, __file__, 0,
+                                   "%s failed, dead: %s", (where, one_line(exc)),
+                                   (type(exc), exc, exc.__traceback__), extra=fields)
+        # the traceback as formatters show it (they keep exc_text), surrogates escaped
+        record.exc_text = printable("".join(traceback.format_exception(exc)).rstrip("\n"))
+        LOGGER.handle(record)
     else:
         LOGGER.warning("%s failed, will retry: %s", where, one_line(exc), extra=fields)
 

@@ -66,6 +66,11 @@ class Runner:
         self.rng = random.Random()
         self.avg_s = 0.0  # moving average of handler time, sizes claim batches
         self._loop: asyncio.AbstractEventLoop | None = None
+        # True while run() is inside the handler (or an awaitable it returned): what an
+        # interrupt may cut off; once it returned, the job is done and is settled as such
+        self.in_handler = False
+        self.cut = False  # set when a consumer cuts its running job off: a handler about to
+        # be called is not (KeyboardInterrupt instead), so a cut between jobs is not lost
 
     # --- what kind of handler -------------------------------------------------------
 
@@ -111,6 +116,9 @@ class Runner:
             else:
                 job, fn = prepared  # type: ignore[misc]
                 entered = CURRENT.set(job)
+                self.in_handler = True
+                if self.cut:
+                    raise KeyboardInterrupt
                 if claimed.trace:  # a producer that was tracing: run in a span linked to it
                     with handler_span(self.queue, job.name, job.id, claimed.trace):
                         result = self._call(claimed, fn, job)
@@ -119,11 +127,14 @@ class Runner:
                     if result is not None and inspect.isawaitable(result):
                         result = self._own_loop().run_until_complete(
                             _bounded(result, self.timeout_of(claimed)))
+                self.in_handler = False
                 outcome = self.completed(claimed, result)
         except (Exception, asyncio.CancelledError) as exc:  # a handler failure is data, not
             # a crash (a coroutine it returned may raise CancelledError, no Exception)
+            self.in_handler = False
             outcome = self.failed(claimed, exc, self.timeout_of(claimed))
         finally:
+            self.in_handler = False
             if entered is not None:
                 CURRENT.reset(entered)
         self._observe(claimed, outcome, start)

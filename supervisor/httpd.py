@@ -33,6 +33,7 @@ MAX_BODY_BYTES = 64 * 1024  # a POST body is cut here (the dashboard's forms are
 WORKERS = 2  # threads for the answers that talk to Valkey
 WORK_QUEUE = 32  # requests waiting for a worker; more are answered 503 at once
 STOP_JOIN_S = 6.0  # a worker may be inside one Valkey call (socket timeouts <= 5 s)
+ACCEPT_PAUSE_S = 0.1  # out of fds with no connection to close: the listener rests this long
 
 Response = tuple[int, str, bytes, dict[str, str]]
 
@@ -182,6 +183,8 @@ class Server:
         self.thread = threading.Thread(target=self._serve, name="echomq-health", daemon=True)
         self.stopping = False
         self.closed = False
+        self.accept_resume: float | None = None  # when a listener resting (out of fds) is back
+        self.accept_failing = False  # logged once until an accept succeeds again
 
     def start(self) -> None:
         """Serve on a background thread."""
@@ -216,6 +219,9 @@ class Server:
                 timeout = None
                 if self.conns:
                     timeout = max(0.0, next(iter(self.conns)).deadline - time.monotonic())
+                if self.accept_resume is not None:
+                    rest = max(0.0, self.accept_resume - time.monotonic())
+                    timeout = rest if timeout is None else min(timeout, rest)
                 accept = False
                 for key, mask in self.selector.select(timeout):
                     if key.fileobj is self.listener:
@@ -230,6 +236,9 @@ class Server:
                         self._write(key.data)
                 if accept:
                     self._accept()
+                elif self.accept_resume is not None and time.monotonic() >= self.accept_resume:
+                    self.accept_resume = None
+                    self.selector.register(self.listener, selectors.EVENT_READ)
                 self._expire(time.monotonic())
         except Exception:  # the port must not die silently
             log.exception("health server failed")
@@ -245,10 +254,16 @@ class Server:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # e.g. out of fds: drop the oldest, try again next turn
-                log.warning("health port: accept failed: %s", exc)
+                if not self.accept_failing:
+                    self.accept_failing = True
+                    log.warning("health port: accept failed: %s", exc)
                 if self.conns:
                     self._drop(self._oldest_reading())
+                else:  # nothing of ours to close: rest the listener, or the loop would spin
+                    self.selector.unregister(self.listener)
+                    self.accept_resume = time.monotonic() + ACCEPT_PAUSE_S
                 return
+            self.accept_failing = False
             if len(self.conns) >= self.max_connections:
                 self._drop(self._oldest_reading())
             sock.setblocking(False)

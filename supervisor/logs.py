@@ -26,7 +26,7 @@ class JsonFormatter(logging.Formatter):
             if hasattr(record, name):
                 out[name] = getattr(record, name)
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, default=str)
 
 

@@ -5,9 +5,11 @@
 
 Its handler records each start in ``ledger:<queue>:started`` (``id:pid:attempt``) and each
 end in ``ledger:<queue>:done``. Payload options: ``sleep`` (s of work), ``exit`` (a code:
-``os._exit`` mid-job), ``gate`` (a list key: the job waits until the test pushes to it).
-The process prints ``ready`` once the consumer is built and ``ran N`` when ``run()``
-returns.
+``os._exit`` mid-job), ``gate`` (a list key: the job waits until the test pushes to it),
+``linger`` (return a result whose repr, which the runner asks for after the handler
+returned, records ``ledger:<queue>:returned`` and then waits for an item in
+``ledger:<queue>:go``). The process prints ``ready`` once the consumer is built and
+``ran N`` when ``run()`` returns.
 """
 
 from __future__ import annotations
@@ -44,10 +46,22 @@ def main() -> int:
             ledger.blpop([str(payload["gate"])], 60)
         return payload
 
-    def handle(job: echomq.Job) -> str:
-        time.sleep(float(begin(job).get("sleep", 0)))  # simulated work inside the job
+    class Lingering:
+        """A result that is not JSON: the runner encodes its repr, after the handler."""
+
+        def __init__(self, job_id: str) -> None:
+            self.job_id = job_id
+
+        def __repr__(self) -> str:
+            ledger.rpush(f"ledger:{args.queue}:returned", self.job_id)
+            ledger.blpop([f"ledger:{args.queue}:go"])
+            return "lingered"
+
+    def handle(job: echomq.Job) -> Any:
+        payload = begin(job)
+        time.sleep(float(payload.get("sleep", 0)))  # simulated work inside the job
         ledger.rpush(done, job.id)
-        return "ok"
+        return Lingering(job.id) if "linger" in payload else "ok"
 
     async def handle_async(job: echomq.Job) -> str:
         await asyncio.sleep(float(begin(job).get("sleep", 0)))

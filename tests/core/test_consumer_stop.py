@@ -210,3 +210,92 @@ def test_a_second_signal_hands_running_jobs_back_at_once(
         job = q.get(job_id)
         assert job is not None and job.state == "waiting", job
         assert job.stalls == 1 and job.attempts == 1, job
+
+
+def test_a_second_signal_after_the_handler_returned_lets_its_job_complete(
+        redis_url: str, queue_name: str, r: redis.Redis,
+        consumers: Callable[..., Consumer]) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", {"linger": True})
+    a = consumers(redis_url, queue_name).ready()  # sync, concurrency 1: the job in run()'s thread
+    # the moment: the handler has returned; the runner is encoding its result
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:returned") == 1, 30, "the handler's return")
+    a.proc.send_signal(signal.SIGINT)
+    wait_until(lambda: any("SIGINT: stopping" in line for line in a.lines), 15,
+               "the first signal to be taken")
+    a.proc.send_signal(signal.SIGINT)
+    wait_until(lambda: any("SIGINT again" in line for line in a.lines), 15,
+               "the second signal to be taken")
+    r.rpush(f"ledger:{queue_name}:go", "1")
+    assert a.wait(20) == 0, a.output()
+    job = q.get(job_id)
+    # its handler had returned: the job is done, neither cut off nor charged a stall
+    assert job is not None and job.state == "completed", (job, a.output())
+    assert job.stalls == 0 and job.attempts == 1, job
+    assert len(_started(r, queue_name)) == 1
+
+
+BEFORE_HANDLER = """
+import sys, time
+from collections.abc import Mapping
+import redis
+import echomq
+
+url, queue = sys.argv[1], sys.argv[2]
+ledger = redis.Redis.from_url(url)
+
+
+class Handlers(Mapping):
+    running = False
+
+    # the runner looks the handler up after the job counts as running: here it waits
+    def __getitem__(self, name):
+        if self.running:
+            ledger.rpush(f"ledger:{queue}:lookup", "1")
+            ledger.blpop([f"ledger:{queue}:go"])
+        return lambda job: time.sleep(120)
+
+    def __iter__(self):
+        return iter(["x"])
+
+    def __len__(self):
+        return 1
+
+
+handlers = Handlers()
+consumer = echomq.Consumer(queue, handlers, redis_url=url, drain_timeout=1.0)
+handlers.running = True
+print("ready", flush=True)
+print(f"ran {consumer.run()}", flush=True)
+"""
+
+
+def test_the_drain_timeout_cuts_a_job_whose_handler_had_not_started_yet(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    job_id = q.add("x", None)
+    proc = subprocess.Popen([sys.executable, "-c", BEFORE_HANDLER, redis_url, queue_name],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout or []:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # the moment: the job counts as running, its handler not called yet
+        wait_until(lambda: r.llen(f"ledger:{queue_name}:lookup") == 1, 30, "the lookup")
+        proc.send_signal(signal.SIGINT)
+        wait_until(lambda: any("drain timeout" in line for line in lines), 15,
+                   f"the drain timeout: {lines}")
+        r.rpush(f"ledger:{queue_name}:go", "1")  # the handler would now sleep 120 s
+        assert proc.wait(20) == 0, "".join(lines)
+        job = q.get(job_id)
+        assert job is not None and job.state == "waiting" and job.stalls == 1, job
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -223,9 +223,9 @@ def test_a_poke_while_a_claim_that_comes_back_short_is_on_its_way_is_not_lost(
     hold, held, release = threading.Event(), threading.Event(), threading.Event()
     real_execute = ConcurrentDrain._execute
 
-    async def execute(self: ConcurrentDrain, calls: Any) -> list[Any]:
+    async def execute(self: ConcurrentDrain, calls: Any, **kw: Any) -> list[Any]:
         """The hook: a claim's reply, once armed, waits until the test lets it go."""
-        replies = await real_execute(self, calls)
+        replies = await real_execute(self, calls, **kw)
         if hold.is_set() and any(script is echomq.scripts.CLAIM for script, _, _ in calls):
             hold.clear()
             held.set()

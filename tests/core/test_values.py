@@ -257,6 +257,59 @@ def test_whatever_a_handler_raises_is_its_jobs_failure(
     assert q.result(ids[3], timeout=1) == "fine"
 
 
+class _Unprintable(Exception):
+    """An exception whose str() raises (a broken __str__ in an application's error class)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this one")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_an_exception_whose_str_raises_is_its_jobs_failure(
+        redis_url: str, queue_name: str, concurrency: int,
+        caplog: pytest.LogCaptureFixture) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = q.add_many([("bad", None, {"max_attempts": 1}), ("ok", None)])
+
+    def bad(job: echomq.Job) -> None:
+        raise _Unprintable
+
+    consumer = echomq.Consumer(queue_name, {"bad": bad, "ok": lambda job: "fine"},
+                               redis_url=redis_url, concurrency=concurrency)
+    with caplog.at_level("WARNING", logger="echomq.jobs"):
+        assert consumer.run(burst=True) == 2
+    consumer.close()
+    assert any(ids[0] in rec.getMessage() and rec.getMessage().endswith("dead: _Unprintable")
+               for rec in caplog.records), [rec.getMessage() for rec in caplog.records]
+    job = q.get(ids[0])
+    assert job is not None and job.state == "dead" and "_Unprintable" in (job.error or ""), job
+    assert q.result(ids[1], timeout=1) == "fine"
+    assert q.counts()["active"] == 0
+
+
+def test_a_failure_log_line_escapes_a_lone_surrogate(
+        redis_url: str, queue_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    retried = q.add("bad", None, max_attempts=2)
+    dead = q.add("bad", None, max_attempts=1)
+
+    def bad(job: echomq.Job) -> None:
+        raise ValueError("bad byte \udcff here")
+
+    consumer = echomq.Consumer(queue_name, {"bad": bad}, redis_url=redis_url)
+    with caplog.at_level("WARNING", logger="echomq.jobs"):
+        assert consumer.run(burst=True) == 2
+    consumer.close()
+    records = [rec for rec in caplog.records if rec.name == "echomq.jobs"]
+    for job_id in (retried, dead):
+        assert any(job_id in rec.getMessage() and "bad byte \\udcff here" in rec.getMessage()
+                   for rec in records), [rec.getMessage() for rec in records]
+    assert any(rec.exc_text and "bad byte \\udcff here" in rec.exc_text for rec in records)
+    for rec in records:  # a strict UTF-8 handler (a log file) can write every line
+        rec.getMessage().encode("utf-8")
+        (rec.exc_text or "").encode("utf-8")
+
 class _LazyHandlers(Mapping[str, Callable[[echomq.Job], Any]]):
     """A registry that imports a job's handler on first use: an unknown name raises
     ImportError from ``get`` (a Mapping's ``get`` passes on all but KeyError)."""

@@ -293,3 +293,70 @@ def test_a_forked_child_keeps_none_of_the_servers_sockets(redis_url: str) -> Non
         held.close()
         go_on.close()
         child_waits.close()
+
+
+OUT_OF_FDS = """
+import logging, os, resource, sys, threading, time
+from echomq.supervisor.httpd import Server
+
+failures = []
+first = threading.Event()
+
+class Count(logging.Handler):
+    def emit(self, record):
+        if "accept failed" in record.getMessage():
+            failures.append(record)
+            first.set()
+
+logging.getLogger("echomq.supervisor.health").addHandler(Count())
+logging.getLogger("echomq.supervisor.health").propagate = False
+answer = (200, "text/plain", b"ok\\n", {})
+server = Server("127.0.0.1", 0, lambda request: answer, lambda request: answer,
+                timeout_s=30.0, max_connections=8)
+server.start()
+stat = os.open(f"/proc/self/task/{server.thread.native_id}/stat", os.O_RDONLY)
+ticks = os.sysconf("SC_CLK_TCK")
+
+def cpu_s():  # the server thread's CPU time
+    fields = os.pread(stat, 4096, 0).decode().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+filler = []
+while True:  # every fd taken: the server holds no connection it could close for one
+    try:
+        filler.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+print(server.port, flush=True)
+assert first.wait(30), "no accept failed"
+before = cpu_s()
+threading.Event().wait(1.0)  # what the loop does in a second of wall time
+spent, logged = cpu_s() - before, len(failures)
+for fd in filler:
+    os.close(fd)
+print(spent, logged, flush=True)
+sys.stdin.readline()
+server.stop()
+"""
+
+
+def test_accept_out_of_fds_with_nothing_to_close_does_not_spin() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", OUT_OF_FDS], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        port = int(proc.stdout.readline())
+        client = socket.create_connection(("127.0.0.1", port), timeout=10)  # in the backlog
+        client.sendall(b"GET /livez HTTP/1.0\r\n\r\n")
+        spent, logged = proc.stdout.readline().split()
+        # a loop that tried again at once took a core and logged ~40,000 lines a second
+        assert float(spent) < 0.25 and int(logged) <= 5, (spent, logged)
+        # fds free again: the connection waiting in the backlog is accepted and answered
+        assert client.recv(1024).startswith(b"HTTP/1.0 200"), "no answer"
+        client.close()
+    finally:
+        proc.stdin.write("\n")
+        proc.stdin.close()
+        assert proc.wait(30) == 0
