@@ -354,12 +354,13 @@ class Queue:
             raw = self.redis.hgetall(self.keys.job(job_id))
         if not raw:
             return None
-        h = {_str(k): _str(v) for k, v in raw.items()}
-        if self.floor is not None and h.get("spilled") == "1":
-            try:
-                h = with_floor_fields(h, self.floor.rows(self.name, [job_id]))
-            except FloorError:
-                pass  # the floor is down: the stub is what can be shown
+        if self.floor is None or raw.get(b"spilled", raw.get("spilled")) not in (b"1", "1"):
+            return Job.from_hash(self.name, raw)  # decodes what it can, whatever the bytes
+        h = {_str(k): _str(v) for k, v in raw.items()}  # a stub: written by spill.lua
+        try:
+            h = with_floor_fields(h, self.floor.rows(self.name, [job_id]))
+        except FloorError:
+            pass  # the floor is down: the stub is what can be shown
         return Job.from_hash(self.name, h)
 
     def result(self, job_id: str, timeout: float | None = None) -> Any:
