@@ -232,7 +232,7 @@ def _hand_back_as_the_supervisor(redis_url: str, queue: str, pid: int, holdings:
                   reader=protocol.LineReader(sock.fileno()), holdings=holdings,
                   claimer=claimer)
     try:
-        arbiter._release_child(rt, child)
+        arbiter.releases.release_child(rt, child)
     finally:
         rt.metronome.doorbell.reset()
         arbiter.client.close()
@@ -315,7 +315,7 @@ def test_a_long_job_costs_the_jobs_a_supervised_consumer_claimed_after_it_no_sta
         claimed_ahead.update(_leased(r, q) - sup.held())
         until = time.monotonic() + 2.5 * lease_ms / 1000
         while time.monotonic() < until:  # the supervisor's timer, every third of a lease
-            sup.arbiter._extend_leases()
+            sup.arbiter.leases.extend()
             scripts.reap(r, q.keys)  # another consumer's reaper
             tick.wait(lease_ms / 3000)
 
@@ -922,7 +922,7 @@ def test_jobs_claimed_ahead_keep_their_leases_under_a_job_that_outlives_the_clai
 
     def timer_pass() -> None:
         """The supervisor's extension timer, and another consumer's reaper."""
-        sup.arbiter._extend_leases()
+        sup.arbiter.leases.extend()
         scripts.reap(r, q.keys)
         tick.wait(lease_ms / 3000)  # the timer's period: a third of a lease
 

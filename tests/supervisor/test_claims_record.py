@@ -98,9 +98,9 @@ def test_unheld_claims_go_back_uncharged_when_the_reply_to_reading_the_record_is
     arbiter = Arbiter(settings)
     rt = arbiter.queues[queue_name]
     try:
-        arbiter._release_claims(rt, "deadbeef", set())
+        arbiter.releases.release_claims(rt, "deadbeef", set())
         assert relay.dropped.is_set()
-        arbiter._retry_releases(rt)  # what the next beat does with anything kept
+        arbiter.releases.retry(rt)  # what the next beat does with anything kept
         for job_id in ids:
             job = q.get(job_id)
             assert job is not None
@@ -149,7 +149,7 @@ def test_a_job_claimed_again_unseen_under_a_newer_token_goes_back_uncharged(
     child = Child(queue=queue_name, slot=0, pid=0, sock=ours, reader=LineReader(ours.fileno()),
                   holdings=holdings, claimer="deadbeef", state="busy")
     try:
-        held, stalled, landed = arbiter._release_child(rt, child)
+        held, stalled, landed = arbiter.releases.release_child(rt, child)
         assert (held, stalled, landed) == (1, [], 1)
         job = q.get(job_id)
         assert job is not None

@@ -284,13 +284,13 @@ def test_a_doorbell_closed_by_the_server_marks_the_queue_down_instead_of_crashin
                               reader=LineReader(ours.fileno()), holdings=Holdings(1),
                               state="idle")
     try:
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         bell = rt.metronome.doorbell
         assert bell.armed and bell.client_id is not None
         redis.Redis.from_url(private_redis.url).client_kill_filter(_id=bell.client_id)
         readable, _, _ = select.select([bell.fileno()], [], [], 10)
         assert readable  # the close has arrived; nobody has read it
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         assert not rt.healthy and rt.availability.state == "unreachable"
     finally:
         ours.close()

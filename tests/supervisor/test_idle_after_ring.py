@@ -38,17 +38,17 @@ def test_a_job_admitted_before_the_idle_of_a_child_whose_claim_was_empty_is_pick
                   reader=protocol.LineReader(ours.fileno()), holdings=Holdings(1))
     rt.slots[0].child = child
     try:
-        arbiter._arm_doorbells(time.monotonic())  # an idle child: the doorbell parks
-        assert arbiter._poke(rt, child) and _poked(theirs)  # the child claims...
+        arbiter.doorbells.arm_all(time.monotonic())  # an idle child: the doorbell parks
+        assert arbiter.doorbells.poke(rt, child) and _poked(theirs)  # the child claims...
         # ...and finds nothing; before its IDLE reaches the arbiter a job is admitted
         q.add("x", {})
         ready, _, _ = select.select([rt.metronome.doorbell.fileno()], [], [], 5.0)
         assert ready, "the admit rang no doorbell"
-        arbiter._on_ring(rt)  # the loop reads the ring: nobody idle to poke
+        arbiter.doorbells.on_ring(rt)  # the loop reads the ring: nobody idle to poke
         assert child.state == "busy" and not _poked(theirs)
         theirs.sendall(protocol.idle_line(0, 0))  # now the child's IDLE arrives
         select.select([ours], [], [], 5.0)
-        arbiter._on_child_readable(child)
+        arbiter.children.on_readable(child)
         assert _poked(theirs), "the child went idle beside a job admitted after its claim"
         assert child.state == "busy"
     finally:
@@ -66,10 +66,10 @@ def test_an_idle_with_no_ring_since_the_poke_rests(redis_url: str, queue_name: s
                   reader=protocol.LineReader(ours.fileno()), holdings=Holdings(1))
     rt.slots[0].child = child
     try:
-        assert arbiter._poke(rt, child) and _poked(theirs)
+        assert arbiter.doorbells.poke(rt, child) and _poked(theirs)
         theirs.sendall(protocol.idle_line(0, 0))
         select.select([ours], [], [], 5.0)
-        arbiter._on_child_readable(child)
+        arbiter.children.on_readable(child)
         assert child.state == "idle" and not _poked(theirs)
     finally:
         rt.metronome.doorbell.close()
