@@ -28,8 +28,8 @@ import redis
 from echomq.supervisor import protocol
 from echomq.supervisor.arbiter import Arbiter
 from echomq.supervisor.children import Child
+from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.holdings import Holdings
-from echomq.supervisor.localredis import LocalRedis
 from echomq.supervisor.settings import QueueSpec, Settings
 from echomq.supervisor.worker import Worker
 
@@ -134,7 +134,7 @@ class Supervised:
                  handler: Callable[[echomq.Job], Any]) -> None:
         claimer = os.urandom(8).hex()
         self.arbiter = Arbiter(Settings(redis_url=redis_url, lease_ms=lease_ms, queues=(
-            QueueSpec(queue, "echomq.supervisor.drill_handler:handle"),)))
+            QueueSpec(queue, "echomq.supervisor.drills.handler:handle"),)))
         self.rt = self.arbiter.queues[queue]
         self.parent_end, self.child_end = socket.socketpair()
         self.worker = ProbeWorker(self.child_end, queue, redis_url, self.rt.settings, handler,
@@ -225,7 +225,7 @@ def _hand_back_as_the_supervisor(redis_url: str, queue: str, pid: int, holdings:
     """What the supervisor does when a consumer died: hand back what it held (charged by
     state) and what its claims record names that it never held."""
     settings = Settings(redis_url=redis_url, queues=(
-        QueueSpec(queue, "echomq.supervisor.drill_handler:handle"),))
+        QueueSpec(queue, "echomq.supervisor.drills.handler:handle"),))
     arbiter = Arbiter(settings)
     rt = arbiter.queues[queue]
     child = Child(queue=queue, slot=0, pid=pid, sock=sock,
@@ -241,7 +241,7 @@ def _hand_back_as_the_supervisor(redis_url: str, queue: str, pid: int, holdings:
 
 def _arbiter_settings(redis_url: str, queue: str) -> echomq.QueueSettings:
     settings = Settings(redis_url=redis_url, queues=(
-        QueueSpec(queue, "echomq.supervisor.drill_handler:handle"),))
+        QueueSpec(queue, "echomq.supervisor.drills.handler:handle"),))
     arbiter = Arbiter(settings)
     try:
         return arbiter.queues[queue].settings

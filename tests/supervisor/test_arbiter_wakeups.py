@@ -18,8 +18,8 @@ import redis
 from echomq.supervisor import protocol
 from echomq.supervisor.arbiter import Arbiter, epoll_ms, whole_ms
 from echomq.supervisor.children import Child
+from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.holdings import Holdings
-from echomq.supervisor.localredis import LocalRedis
 from echomq.supervisor.settings import QueueSpec, Settings
 
 import echomq
