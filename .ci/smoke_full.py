@@ -8,7 +8,7 @@ import tempfile
 import threading
 
 import supervisor.options  # supervisord's package, importable beside EchoMQ  # noqa: F401
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 
 import echomq
 

@@ -31,16 +31,16 @@ if str(REPO) not in sys.path:
 
 
 def _load_localredis() -> Any:
-    """echomq.supervisor.localredis; in the peers' virtualenvs (no EchoMQ installed), the
-    same file loaded by path: it needs only the standard library."""
+    """echomq.supervisor.drills.localredis; in the peers' virtualenvs (no EchoMQ installed),
+    the same file loaded by path: it needs only the standard library."""
     try:
-        from echomq.supervisor import localredis
+        from echomq.supervisor.drills import localredis
         return localredis
     except ImportError:
         import importlib.util
 
         spec = importlib.util.spec_from_file_location(
-            "echomq_bench_localredis", REPO / "supervisor" / "localredis.py")
+            "echomq_bench_localredis", REPO / "supervisor" / "drills" / "localredis.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import benchlib as bl
-from echomq.supervisor.localcluster import LocalCluster
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localcluster import LocalCluster
+from echomq.supervisor.drills.localredis import LocalRedis
 
 import echomq
 from echomq.connection import Client, connect, is_cluster, slot_of

@@ -23,7 +23,7 @@ import urllib.request
 from typing import Any
 
 import benchlib as bl
-from echomq.supervisor.localredis import free_port
+from echomq.supervisor.drills.localredis import free_port
 
 HALF_SENT = b"GET /livez HTTP/1.1\r\nHost: slow\r\n"
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import benchlib as bl
 import psutil
-from echomq.supervisor.localredis import free_port
+from echomq.supervisor.drills.localredis import free_port
 
 import echomq
 

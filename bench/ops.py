@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import benchlib as bl
-from echomq.supervisor.localredis import free_port
+from echomq.supervisor.drills.localredis import free_port
 from echomq.supervisor.observations import Observations
 
 import echomq

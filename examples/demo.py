@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 
 import echomq
 

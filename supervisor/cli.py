@@ -358,7 +358,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_drill(args: argparse.Namespace) -> int:
     """`echomq-supervisor drill`: run fault scenarios and print their table."""
-    from echomq.supervisor.drill import main as drill_main
+    from echomq.supervisor.drills.scenarios import main as drill_main
 
     return drill_main(args)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 import sqlalchemy as sa
-from echomq.supervisor.localredis import LocalRedis, server_binary
+from echomq.supervisor.drills.localredis import LocalRedis, server_binary
 
 # the suite runs the stock asyncio loop (what an install without the [uvloop] extra gets);
 # tests of uvloop ask for it by name (tests/core/test_event_loop.py)

@@ -145,7 +145,7 @@ def machine() -> dict[str, Any]:
             return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
         except Exception as exc:
             return f"({exc})"
-    from echomq.supervisor.localredis import server_binary
+    from echomq.supervisor.drills.localredis import server_binary
 
     server = server_binary() or "redis-server"  # the binary the private server runs
     return {"nproc": sh(["nproc"]), "free_h": sh(["free", "-h"]), "uname": platform.platform(),

@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     url = os.environ.get("ECHOMQ_REDIS_URL")
     server = None
     if not url:
-        from echomq.supervisor.localredis import LocalRedis
+        from echomq.supervisor.drills.localredis import LocalRedis
 
         server = LocalRedis().start()
         url = server.url

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from echomq.supervisor.localcluster import LocalCluster, cli_binary
+from echomq.supervisor.drills.localcluster import LocalCluster, cli_binary
 from redis.cluster import RedisCluster
 
 from echomq.connection import connect, slot_of

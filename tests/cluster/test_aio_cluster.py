@@ -8,7 +8,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
-from echomq.supervisor.localcluster import LocalCluster
+from echomq.supervisor.drills.localcluster import LocalCluster
 from redis.cluster import RedisCluster
 
 import echomq

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import redis
-from echomq.supervisor.localcluster import LocalCluster
-from echomq.supervisor.localredis import LocalRedis, free_port
+from echomq.supervisor.drills.localcluster import LocalCluster
+from echomq.supervisor.drills.localredis import LocalRedis, free_port
 from redis.cluster import RedisCluster
 
 import echomq

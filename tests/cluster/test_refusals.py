@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from echomq.supervisor.localcluster import LocalCluster
-from echomq.supervisor.localredis import free_port
+from echomq.supervisor.drills.localcluster import LocalCluster
+from echomq.supervisor.drills.localredis import free_port
 
 import echomq
 from echomq.connection import connect

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 
 import echomq
 from echomq.connection import redact_url

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 
 from echomq.keys import Keys
 from echomq.wake import BLOCK_GRACE_S, Doorbell

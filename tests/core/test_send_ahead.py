@@ -28,8 +28,8 @@ import redis
 from echomq.supervisor import protocol
 from echomq.supervisor.arbiter import Arbiter
 from echomq.supervisor.children import Child
+from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.holdings import Holdings
-from echomq.supervisor.localredis import LocalRedis
 from echomq.supervisor.settings import QueueSpec, Settings
 from echomq.supervisor.worker import Worker
 
@@ -134,7 +134,7 @@ class Supervised:
                  handler: Callable[[echomq.Job], Any]) -> None:
         claimer = os.urandom(8).hex()
         self.arbiter = Arbiter(Settings(redis_url=redis_url, lease_ms=lease_ms, queues=(
-            QueueSpec(queue, "echomq.supervisor.drill_handler:handle"),)))
+            QueueSpec(queue, "echomq.supervisor.drills.handler:handle"),)))
         self.rt = self.arbiter.queues[queue]
         self.parent_end, self.child_end = socket.socketpair()
         self.worker = ProbeWorker(self.child_end, queue, redis_url, self.rt.settings, handler,
@@ -225,14 +225,14 @@ def _hand_back_as_the_supervisor(redis_url: str, queue: str, pid: int, holdings:
     """What the supervisor does when a consumer died: hand back what it held (charged by
     state) and what its claims record names that it never held."""
     settings = Settings(redis_url=redis_url, queues=(
-        QueueSpec(queue, "echomq.supervisor.drill_handler:handle"),))
+        QueueSpec(queue, "echomq.supervisor.drills.handler:handle"),))
     arbiter = Arbiter(settings)
     rt = arbiter.queues[queue]
     child = Child(queue=queue, slot=0, pid=pid, sock=sock,
                   reader=protocol.LineReader(sock.fileno()), holdings=holdings,
                   claimer=claimer)
     try:
-        arbiter._release_child(rt, child)
+        arbiter.releases.release_child(rt, child)
     finally:
         rt.metronome.doorbell.reset()
         arbiter.client.close()
@@ -241,7 +241,7 @@ def _hand_back_as_the_supervisor(redis_url: str, queue: str, pid: int, holdings:
 
 def _arbiter_settings(redis_url: str, queue: str) -> echomq.QueueSettings:
     settings = Settings(redis_url=redis_url, queues=(
-        QueueSpec(queue, "echomq.supervisor.drill_handler:handle"),))
+        QueueSpec(queue, "echomq.supervisor.drills.handler:handle"),))
     arbiter = Arbiter(settings)
     try:
         return arbiter.queues[queue].settings
@@ -315,7 +315,7 @@ def test_a_long_job_costs_the_jobs_a_supervised_consumer_claimed_after_it_no_sta
         claimed_ahead.update(_leased(r, q) - sup.held())
         until = time.monotonic() + 2.5 * lease_ms / 1000
         while time.monotonic() < until:  # the supervisor's timer, every third of a lease
-            sup.arbiter._extend_leases()
+            sup.arbiter.leases.extend()
             scripts.reap(r, q.keys)  # another consumer's reaper
             tick.wait(lease_ms / 3000)
 
@@ -922,7 +922,7 @@ def test_jobs_claimed_ahead_keep_their_leases_under_a_job_that_outlives_the_clai
 
     def timer_pass() -> None:
         """The supervisor's extension timer, and another consumer's reaper."""
-        sup.arbiter._extend_leases()
+        sup.arbiter.leases.extend()
         scripts.reap(r, q.keys)
         tick.wait(lease_ms / 3000)  # the timer's period: a third of a lease
 

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis, free_port, server_binary
+from echomq.supervisor.drills.localredis import LocalRedis, free_port, server_binary
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 

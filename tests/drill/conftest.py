@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 
 import pytest
-from echomq.supervisor.localredis import server_binary
+from echomq.supervisor.drills.localredis import server_binary
 
 
 @pytest.fixture(autouse=True)

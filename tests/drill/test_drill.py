@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from echomq.supervisor import drill_handler
-from echomq.supervisor.drill import SCENARIOS, assess, run_scenario, table
-from echomq.supervisor.drill_harness import JobPlan, Observation
+from echomq.supervisor.drills import handler as drill_handler
+from echomq.supervisor.drills.harness import JobPlan, Observation
+from echomq.supervisor.drills.scenarios import SCENARIOS, assess, run_scenario, table
 
 from echomq.job import Job
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 
 from echomq.floor import Floor
 

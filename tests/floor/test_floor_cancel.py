@@ -8,7 +8,7 @@ import json
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.scheduler import Scheduler
 
 import echomq

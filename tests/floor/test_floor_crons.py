@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.scheduler import Scheduler
 
 import echomq

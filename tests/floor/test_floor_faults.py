@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 import sqlalchemy as sa
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.scheduler import Scheduler
 
 import echomq

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.scheduler import Scheduler
 
 import echomq

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import pytest
 import redis
 import sqlalchemy as sa
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.scheduler import Scheduler
 
 import echomq

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis, free_port
+from echomq.supervisor.drills.localredis import LocalRedis, free_port
 from echomq.supervisor.scheduler import Scheduler
 
 import echomq

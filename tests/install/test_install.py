@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from echomq.supervisor.localredis import embedded_valkey
+from echomq.supervisor.drills.localredis import embedded_valkey
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from echomq.supervisor.localredis import free_port
+from echomq.supervisor.drills.localredis import free_port
 
 import echomq
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from echomq.supervisor.localredis import LocalRedis, free_port
+from echomq.supervisor.drills.localredis import LocalRedis, free_port
 
 from .certs import Certs, make_certs
 

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 import pytest
 import redis
 import yaml
-from echomq.supervisor.localredis import LocalRedis, free_port
+from echomq.supervisor.drills.localredis import LocalRedis, free_port
 
 import echomq
 from echomq import scripts

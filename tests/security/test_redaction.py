@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis, free_port
+from echomq.supervisor.drills.localredis import LocalRedis, free_port
 
 import echomq
 from echomq.connection import redact_url

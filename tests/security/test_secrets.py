@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis
 import sqlalchemy as sa
-from echomq.supervisor.localredis import LocalRedis, free_port
+from echomq.supervisor.drills.localredis import LocalRedis, free_port
 
 import echomq
 from echomq.errors import EchoMQError

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis, free_port
+from echomq.supervisor.drills.localredis import LocalRedis, free_port
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 

@@ -18,8 +18,8 @@ import redis
 from echomq.supervisor import protocol
 from echomq.supervisor.arbiter import Arbiter, epoll_ms, whole_ms
 from echomq.supervisor.children import Child
+from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.holdings import Holdings
-from echomq.supervisor.localredis import LocalRedis
 from echomq.supervisor.settings import QueueSpec, Settings
 
 import echomq
@@ -41,15 +41,15 @@ def test_a_queue_down_unregisters_its_doorbell_so_its_fd_can_be_reused(
                                   holdings=Holdings(1))
     a, b = arbiter.queues.values()
     try:
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         old_fd = a.metronome.registered_fd
         assert old_fd is not None and b.metronome.registered_fd is not None
         # a's beat fails (a node of its slot is down): its doorbell socket is closed
-        arbiter._queue_down(a, time.monotonic(), redis.exceptions.ConnectionError("down"))
+        arbiter.queue_down(a, time.monotonic(), redis.exceptions.ConnectionError("down"))
         # b reconnects: the lowest free descriptor, a's old one, is what its socket gets
-        arbiter._unregister_doorbell(b)
+        arbiter.doorbells.unregister(b)
         b.metronome.doorbell.reset()
-        arbiter._arm_doorbells(time.monotonic())  # raised KeyError: fd already registered
+        arbiter.doorbells.arm_all(time.monotonic())  # raised KeyError: fd already registered
         assert b.metronome.registered_fd == b.metronome.doorbell.fileno()
         registered = {key.fd for key in arbiter.selector.get_map().values()}
         assert registered == {b.metronome.registered_fd}
@@ -94,7 +94,7 @@ def _ring_unread(r: redis.Redis, arbiter: Arbiter) -> None:
     """Park the queue's doorbell, ring it once, and wait until the reply is in its socket
     (not read: the arbiter meets it when it next arms the doorbells)."""
     (rt,) = arbiter.queues.values()
-    arbiter._arm_doorbells(time.monotonic())
+    arbiter.doorbells.arm_all(time.monotonic())
     r.lpush(rt.metronome.keys.wake, "1")  # one job's ring
     _wait_readable(rt.metronome.doorbell.fileno())
 
@@ -126,9 +126,9 @@ def test_a_quiet_beat_read_outside_the_selector_is_followed_by_a_new_call(
     with _one_queue_with_idle_children(redis_url, queue_name, 1, beat_ms=50) as (arbiter, _):
         (rt,) = arbiter.queues.values()
         bell = rt.metronome.doorbell
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         _wait_readable(bell.fileno())  # the empty reply of a quiet beat, not yet read
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         assert bell.armed, "the doorbell was left unarmed after its reply was read"
         assert _is_outstanding(r, bell.client_id)
 
@@ -140,7 +140,7 @@ def test_a_ring_read_outside_the_selector_pokes_one_child_and_parks_for_the_next
         (rt,) = arbiter.queues.values()
         bell = rt.metronome.doorbell
         _ring_unread(r, arbiter)
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         states = sorted(c.state for c in rt.children)
         assert states == ["busy", "idle"]  # one job wakes one consumer ...
         assert [_poked(s) for s in theirs].count(True) == 1
@@ -156,12 +156,12 @@ def test_a_doorbell_with_no_reply_long_past_its_block_is_reconnected(
     with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, _):
         (rt,) = arbiter.queues.values()
         bell = rt.metronome.doorbell
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         old_id = bell.client_id
         # within its one-second block no reply is due yet; the wait is made to look
         # overdue, as it would be on a connection that can no longer deliver one
         bell.armed_at -= bell.beat_s + 6.0
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         assert bell.armed and bell.client_id != old_id
         assert rt.metronome.registered_fd == bell.fileno()
         assert _is_outstanding(r, bell.client_id)
@@ -179,7 +179,7 @@ def test_an_overdue_doorbell_whose_reply_did_come_is_read_not_dropped(
         bell = rt.metronome.doorbell
         _ring_unread(r, arbiter)
         bell.armed_at -= bell.beat_s + 6.0
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         assert _poked(theirs[0]) and rt.children[0].state == "busy"
 
 
@@ -194,7 +194,7 @@ def test_a_ring_whose_poke_cannot_be_delivered_goes_to_an_idle_sibling(
         dead.poked_at, live.poked_at = 1.0, 2.0
         theirs[0].close()
         _ring_unread(r, arbiter)
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         assert live.state == "busy" and _poked(theirs[1])
 
 
@@ -206,9 +206,9 @@ def test_a_child_that_exits_while_poked_passes_its_poke_to_an_idle_sibling(
     with _one_queue_with_idle_children(redis_url, queue_name, 2) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
         gone, sibling = rt.children
-        assert arbiter._poke(rt, gone) and _poked(theirs[0])
+        assert arbiter.doorbells.poke(rt, gone) and _poked(theirs[0])
         theirs[0].close()
-        arbiter._on_child_exit(gone, 4 << 8)  # exited with 4: a recycle, not a crash
+        arbiter.children.on_exit(gone, 4 << 8)  # exited with 4: a recycle, not a crash
         assert sibling.state == "busy" and _poked(theirs[1])
 
 
@@ -221,7 +221,7 @@ def test_a_stopping_child_that_reports_idle_is_not_poked(
         rt.work_seen = time.monotonic()  # work came after its last poke
         theirs[0].sendall(protocol.idle_line(0, 0))
         _wait_readable(child.sock.fileno())
-        arbiter._consume_lines(child)
+        arbiter.children.consume_lines(child)
         assert child.state == "stopping" and not _poked(theirs[0])
 
 
@@ -296,7 +296,7 @@ def test_a_told_child_whose_claim_ran_before_the_promote_is_told_again(
         assert q.get(job_id).state == "waiting"  # type: ignore[union-attr]
         assert _poked(theirs[0]) and r.llen(arbiter.queues[queue_name].metronome.keys.wake) == 0
         theirs[0].send(protocol.idle_line(0, 0))  # its claim came back empty
-        arbiter._on_child_readable(child)
+        arbiter.children.on_readable(child)
         assert _poked(theirs[0]), "the told child was left idle beside a claimable job"
 
 
@@ -311,17 +311,17 @@ def test_a_told_child_claims_once_more_whatever_it_ran_and_then_rests(
         _told_ahead(r, q, arbiter)
         assert _poked(theirs[0])
         theirs[0].send(protocol.idle_line(1, 0))
-        arbiter._on_child_readable(child)
+        arbiter.children.on_readable(child)
         assert _poked(theirs[0]), "a told child reporting a job was left beside the promoted one"
         theirs[0].send(protocol.idle_line(1, 0))  # its next claim came back empty
-        arbiter._on_child_readable(child)
+        arbiter.children.on_readable(child)
         assert child.state == "idle" and not _poked(theirs[0])
 
 
 def _exit_unheard(arbiter: Arbiter, child: Child, their_end: socket.socket) -> None:
     """The child dies without a word (no IDLE): its end closes and its exit is read."""
     their_end.close()
-    arbiter._on_child_exit(child, 0)
+    arbiter.children.on_exit(child, 0)
 
 
 def test_a_told_child_that_leaves_unheard_passes_its_poke_to_a_sibling(
@@ -383,11 +383,11 @@ def test_a_doorbell_the_server_unblocks_with_an_error_takes_the_queue_down_not_t
     with _one_queue_with_idle_children(redis_url, queue_name, 1) as (arbiter, _):
         rt = arbiter.queues[queue_name]
         bell = rt.metronome.doorbell
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         assert _is_outstanding(r, bell.client_id)
         r.execute_command("CLIENT", "UNBLOCK", bell.client_id, "ERROR")
         _wait_readable(bell.fileno())
-        arbiter._on_ring(rt)
+        arbiter.doorbells.on_ring(rt)
         assert not rt.healthy and not bell.armed
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from echomq.supervisor.drills.localredis import LocalRedis, free_port
 from echomq.supervisor.health import Health
-from echomq.supervisor.localredis import LocalRedis, free_port
 from echomq.supervisor.metronome import Metronome
 
 import echomq

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
-from echomq.supervisor.localredis import free_port
+from echomq.supervisor.drills.localredis import free_port
 
 import echomq
 from echomq import scripts

@@ -8,7 +8,7 @@ import threading
 
 import redis
 from echomq.supervisor.arbiter import Arbiter
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.settings import QueueSpec, Settings
 
 import echomq
@@ -94,13 +94,13 @@ def test_unheld_claims_go_back_uncharged_when_the_reply_to_reading_the_record_is
     assert len(lanes.claim(2)) == 2
     relay = ReplyDropper(private_redis.port, b"claims:deadbeef")
     settings = Settings(redis_url=f"redis://127.0.0.1:{relay.port}/0", queues=(
-        QueueSpec(queue_name, "echomq.supervisor.drill_handler:handle"),))
+        QueueSpec(queue_name, "echomq.supervisor.drills.handler:handle"),))
     arbiter = Arbiter(settings)
     rt = arbiter.queues[queue_name]
     try:
-        arbiter._release_claims(rt, "deadbeef", set())
+        arbiter.releases.release_claims(rt, "deadbeef", set())
         assert relay.dropped.is_set()
-        arbiter._retry_releases(rt)  # what the next beat does with anything kept
+        arbiter.releases.retry(rt)  # what the next beat does with anything kept
         for job_id in ids:
             job = q.get(job_id)
             assert job is not None
@@ -138,7 +138,7 @@ def test_a_job_claimed_again_unseen_under_a_newer_token_goes_back_uncharged(
     [second] = lanes.claim(1)
     assert second.id == job_id and second.token != first.token
     settings = Settings(redis_url=private_redis.url, queues=(
-        QueueSpec(queue_name, "echomq.supervisor.drill_handler:handle"),))
+        QueueSpec(queue_name, "echomq.supervisor.drills.handler:handle"),))
     arbiter = Arbiter(settings)
     rt = arbiter.queues[queue_name]
     ours, theirs = socket.socketpair()
@@ -149,7 +149,7 @@ def test_a_job_claimed_again_unseen_under_a_newer_token_goes_back_uncharged(
     child = Child(queue=queue_name, slot=0, pid=0, sock=ours, reader=LineReader(ours.fileno()),
                   holdings=holdings, claimer="deadbeef", state="busy")
     try:
-        held, stalled, landed = arbiter._release_child(rt, child)
+        held, stalled, landed = arbiter.releases.release_child(rt, child)
         assert (held, stalled, landed) == (1, [], 1)
         job = q.get(job_id)
         assert job is not None

@@ -152,7 +152,7 @@ def test_idle_concurrent_consumers_cost_one_blocking_call_per_beat(
         supervisor: Start, queue_name: str) -> None:
     import threading
 
-    from echomq.supervisor.localredis import LocalRedis
+    from echomq.supervisor.drills.localredis import LocalRedis
 
     server = LocalRedis().start()
     try:

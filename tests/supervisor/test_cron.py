@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 
 import echomq
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis, server_binary
+from echomq.supervisor.drills.localredis import LocalRedis, server_binary
 
 import echomq
 from echomq import scripts

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from echomq.supervisor.drill_handler import LEDGER_ENV, NOTIFY_ENV
-from echomq.supervisor.drill_harness import CLI, Doorbell, Ledger, SupervisorProc
-from echomq.supervisor.localredis import LocalRedis, server_binary
+from echomq.supervisor.drills.handler import LEDGER_ENV, NOTIFY_ENV
+from echomq.supervisor.drills.harness import CLI, Doorbell, Ledger, SupervisorProc
+from echomq.supervisor.drills.localredis import LocalRedis, server_binary
 
 from echomq.errors import EchoMQError
 from echomq.queue import Queue
@@ -51,7 +51,7 @@ MAX_STALLS = 1
 BACKOFF_S = 0.05
 SETTLE_S = 60.0 + FAULT_S / 5
 CHECK_S = 0.25  # "every job finished" is an absence: re-checked on this beat
-HANDLER = "echomq.supervisor.drill_handler:handle"
+HANDLER = "echomq.supervisor.drills.handler:handle"
 MIX = (  # kind, share
     ("fast", 0.69), ("slow", 0.08), ("flaky", 0.10), ("failing", 0.04),
     ("exit_first", 0.075), ("exit_always", 0.015),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis, free_port, server_binary
+from echomq.supervisor.drills.localredis import LocalRedis, free_port, server_binary
 
 import echomq
 
@@ -275,7 +275,7 @@ def test_a_doorbell_closed_by_the_server_marks_the_queue_down_instead_of_crashin
     from echomq.supervisor.settings import QueueSpec, Settings
 
     settings = Settings(redis_url=private_redis.url, beat_ms=200, queues=(
-        QueueSpec(queue_name, "echomq.supervisor.drill_handler:handle"),))
+        QueueSpec(queue_name, "echomq.supervisor.drills.handler:handle"),))
     arbiter = Arbiter(settings)
     rt = arbiter.queues[queue_name]
     ours, theirs = socket.socketpair()
@@ -284,13 +284,13 @@ def test_a_doorbell_closed_by_the_server_marks_the_queue_down_instead_of_crashin
                               reader=LineReader(ours.fileno()), holdings=Holdings(1),
                               state="idle")
     try:
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         bell = rt.metronome.doorbell
         assert bell.armed and bell.client_id is not None
         redis.Redis.from_url(private_redis.url).client_kill_filter(_id=bell.client_id)
         readable, _, _ = select.select([bell.fileno()], [], [], 10)
         assert readable  # the close has arrived; nobody has read it
-        arbiter._arm_doorbells(time.monotonic())
+        arbiter.doorbells.arm_all(time.monotonic())
         assert not rt.healthy and rt.availability.state == "unreachable"
     finally:
         ours.close()

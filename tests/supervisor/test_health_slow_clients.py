@@ -16,8 +16,8 @@ import urllib.request
 from collections.abc import Callable, Iterator
 
 import pytest
+from echomq.supervisor.drills.localredis import LocalRedis, free_port
 from echomq.supervisor.health import MAX_CONNECTIONS, Health
-from echomq.supervisor.localredis import LocalRedis, free_port
 
 from .conftest import Supervisor, wait_until
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import redis
 import sqlalchemy as sa
-from echomq.supervisor.localredis import free_port
+from echomq.supervisor.drills.localredis import free_port
 
 import echomq
 

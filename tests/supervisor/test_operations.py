@@ -9,7 +9,7 @@ import urllib.request
 from collections.abc import Callable
 
 import redis
-from echomq.supervisor.localredis import LocalRedis, free_port
+from echomq.supervisor.drills.localredis import LocalRedis, free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 import echomq

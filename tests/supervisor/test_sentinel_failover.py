@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis, free_port, server_binary
+from echomq.supervisor.drills.localredis import LocalRedis, free_port, server_binary
 
 import echomq
 

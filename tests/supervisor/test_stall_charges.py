@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import psutil
 import redis
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 
 import echomq
 

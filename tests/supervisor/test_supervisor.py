@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import psutil
 import redis
-from echomq.supervisor.localredis import LocalRedis, free_port
+from echomq.supervisor.drills.localredis import LocalRedis, free_port
 from echomq.supervisor.metronome import PARK_BEATS
 
 import echomq

@@ -2,7 +2,7 @@
 
 Each drill starts a private redis-server, migrates a floor (a SQLite file in a
 temporary directory unless ``--floor-url`` is given), starts a real supervisor
-running :mod:`echomq.supervisor.drill_handler`, admits a paced mix of immediate,
+running :mod:`echomq.supervisor.drills.handler`, admits a paced mix of immediate,
 delayed and fail-once jobs across many lanes, injects one fault while work is
 in flight, waits for the queue to settle and reports, from the handler's
 ledger (never from the queue's own counters): admitted, completed, lost,
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from echomq.supervisor.drill_harness import BEAT_MS, Harness, Observation
+from echomq.supervisor.drills.harness import BEAT_MS, Harness, Observation
 
 KILL_EVERY_S = 0.3
 KILL_FOR_S = 3.0

@@ -1,9 +1,9 @@
 """The drills' harness: a private server, a floor, real supervisors, a producer, a ledger.
 
-``echomq.supervisor.drill`` holds the scenarios; this module holds what they share. A
-:class:`Harness` starts its own redis-server (:class:`LocalRedis`), migrates the
-floor, starts ``echomq-supervisor start`` subprocesses with the drill handler,
-runs a paced producer thread, waits for progress and for the queue to settle,
+:mod:`echomq.supervisor.drills.scenarios` holds the scenarios; this module holds what
+they share. A :class:`Harness` starts its own redis-server (:class:`LocalRedis`),
+migrates the floor, starts ``echomq-supervisor start`` subprocesses with the drill
+handler, runs a paced producer thread, waits for progress and for the queue to settle,
 and gathers the facts a report is computed from (:class:`Observation`).
 
 Waiting is done on events: the supervisor's log pipe (its start line), process
@@ -35,16 +35,16 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from echomq.supervisor.drill_handler import LEDGER_ENV, NOTIFY_ENV, open_ledger
-from echomq.supervisor.localcluster import LocalCluster
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.handler import LEDGER_ENV, NOTIFY_ENV, open_ledger
+from echomq.supervisor.drills.localcluster import LocalCluster
+from echomq.supervisor.drills.localredis import LocalRedis
 
 from echomq.errors import EchoMQError, FloorError
 from echomq.floor import Floor
 from echomq.queue import Queue
 
 CLI = [sys.executable, "-m", "echomq.supervisor.cli"]
-HANDLER = "echomq.supervisor.drill_handler:handle"
+HANDLER = "echomq.supervisor.drills.handler:handle"
 BEAT_MS = 200
 LEASE_MS = 2000
 DRAIN_S = 10.0
