@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
+from echomq.config import MAX_PAYLOAD_DEPTH
 from echomq.errors import CorruptJob, PayloadError
 
 STATES = ("waiting", "scheduled", "active", "completed", "dead", "cancelled")
@@ -280,12 +281,17 @@ def _named(setting: str) -> str:
 
 def decode_payload(queue: str, job_id: str, text: str) -> Any:
     """Parse a stored payload; raises `CorruptJob` naming the job when it is not JSON or
-    nests too deep for the decoder (a producer that skipped the admit checks wrote it)."""
+    nests too deep for the decoder (a producer that skipped the admit checks wrote it).
+
+    Text nested past what any admit lets through is refused before the decoder sees it,
+    so decoding never runs near the interpreter's recursion limit (where a finalizer that
+    runs meanwhile could fail in turn)."""
+    if (text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH
+            and payload_depth(text.encode(errors="surrogatepass")) > MAX_PAYLOAD_DEPTH):
+        raise CorruptJob(f"job {job_id!r} in queue {queue!r} has a payload nested too deep to "
+                         f"decode (more than {MAX_PAYLOAD_DEPTH} levels)")
     try:
         return json.loads(text)
     except ValueError as exc:
         raise CorruptJob(f"job {job_id!r} in queue {queue!r} has a payload that is not JSON: {exc}"
                          ) from None
-    except RecursionError:
-        raise CorruptJob(f"job {job_id!r} in queue {queue!r} has a payload nested too deep to "
-                         "decode") from None
