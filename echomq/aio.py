@@ -1,8 +1,9 @@
 """The asyncio producer: ``await aq.add / add_many / get / counts / result``.
 
 Same Lua scripts and key layout as :class:`echomq.Queue`; the jobs are
-validated and the script calls built by the sync Queue's pure methods, and
-only sending and awaiting happen here, so the two cannot drift apart.
+validated and the script calls built by :class:`echomq.admit.AdmitPlanner`, as
+the sync Queue builds them, and only sending and awaiting happen here, so the
+two cannot drift apart.
 Concurrent ``add`` calls are coalesced: calls made while an admit is in
 flight are sent together as the next one (one script call admits many jobs),
 so 100 producers on one loop cost about one round trip per batch, not one
@@ -40,6 +41,7 @@ import redis.asyncio
 import redis.exceptions
 
 from echomq import cron, pools, results, scripts
+from echomq.admit import AdmitPlanner, Spec, deferred_ids, has_deferred
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.connection import (
@@ -56,16 +58,12 @@ from echomq.errors import ConnectionFailed, JobFailed, JobNotFound
 from echomq.job import Job
 from echomq.keys import REGISTRY, validate_job_id, validate_name
 from echomq.queue import Queue as SyncQueue
-from echomq.queue import backfill_args, deferred_ids, has_deferred, limit_value
+from echomq.queue import backfill_args, limit_value
 
 COMMAND_CONNECTIONS = 32  # a bounded pool for commands
 CLUSTER_CONNECTIONS = 256  # per cluster node: redis-py's cluster pool refuses past it
 REDIRECTS = 5  # a result waiter follows at most this many MOVED replies in a row
 ADMIT_COALESCE = 500  # at most this many concurrent adds per admit round trip
-Spec = tuple[str, list[Any], "int | None"]
-
-# the planner's client is never used for I/O; it lets the sync Queue build calls
-_PLANNER_CLIENT = redis.Redis()
 
 
 def client_from_url(url: str, **options: Any) -> Any:
@@ -105,14 +103,13 @@ class Queue:
         floor: Any = None,
         **overrides: Any,
     ) -> None:
+        self.name = validate_name(name)
         # an echomq.floor.Floor: when the queue's dial is "sync", add() writes deferred
         # jobs to it before returning (as echomq.Queue does)
-        self._plan = SyncQueue(name, redis=_PLANNER_CLIENT, settings=settings, floor=floor,
-                               **overrides)
         self.floor = floor
-        self.name = self._plan.name
+        self.settings = (settings or QueueSettings()).with_overrides(**overrides)
+        self._plan = AdmitPlanner(self.name, self.settings)  # what an admit sends
         self.keys = self._plan.keys
-        self.settings = self._plan.settings
         self._owns_pool = redis is None
         if redis is not None:
             self.redis = redis
@@ -151,8 +148,8 @@ class Queue:
         priority: int = 0,
     ) -> str:
         """Admit one job and return its id; see :meth:`echomq.Queue.add`."""
-        spec = self._plan._spec(name, payload, lane, delay, run_at, job_id, max_attempts,
-                                backoff, timeout, dedup_s, priority)
+        spec = self._plan.spec(name, payload, lane, delay, run_at, job_id, max_attempts,
+                               backoff, timeout, dedup_s, priority)
         sync = await self._floor_sync([spec])
         done = asyncio.get_running_loop().create_future()
         self._pending.append((spec, sync, done))
@@ -169,7 +166,7 @@ class Queue:
                 batch = self._pending[:ADMIT_COALESCE]
                 del self._pending[:len(batch)]
                 try:
-                    calls = self._plan._calls([s for s, _, _ in batch])
+                    calls = self._plan.calls([s for s, _, _ in batch])
                     await self._register()
                     with translated(self.where):
                         if len(calls) == 1:
@@ -208,12 +205,12 @@ class Queue:
 
     async def add_many(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[str]:
         """Admit many jobs in one round trip; see :meth:`echomq.Queue.add_many`."""
-        specs = self._plan._specs(jobs)
+        specs = self._plan.specs(jobs)
         if specs:
             sync = await self._floor_sync(specs)
             await self._register()
             with translated(self.where):
-                await execute(self.redis, self._plan._calls(specs))
+                await execute(self.redis, self._plan.calls(specs))
             if sync:
                 await self._write_through(specs)
         return [s[0] for s in specs]
@@ -231,7 +228,7 @@ class Queue:
             if self._dial_reading is None:
                 self._dial_reading = asyncio.create_task(self._read_dial())
             await asyncio.shield(self._dial_reading)  # a cancelled add leaves it to the rest
-        return self._plan.floor_sync(self._plan.dial())
+        return self._plan.floor_sync(self._plan.dial(), self.floor is not None)
 
     async def _read_dial(self) -> None:
         try:

@@ -1,11 +1,15 @@
-"""The producer side: admit jobs, look them up, count them, re-admit dead ones."""
+"""The producer side: admit jobs, look them up, count them, re-admit dead ones.
+
+:class:`Queue` does the I/O: what an admit sends is built by
+:class:`echomq.admit.AdmitPlanner` (shared with :class:`echomq.aio.Queue`); here are
+the round trips, the durability dial's reads and its write-through to the floor, the
+listings, pause and cancel, crons and lane limits.
+"""
 
 from __future__ import annotations
 
 import math
 import re
-import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -13,7 +17,8 @@ from typing import Any
 import redis
 
 from echomq import cron, pools, results, scripts
-from echomq.backoff import MAX_DELAY_S, Backoff
+from echomq.admit import AdmitPlanner, Call, Spec, deferred_ids, has_deferred
+from echomq.backoff import Backoff
 from echomq.config import MAX_LIMIT, QueueSettings
 from echomq.connection import (
     client_from_url,
@@ -24,24 +29,11 @@ from echomq.connection import (
     translated,
     wait_replicas,
 )
-from echomq.errors import (
-    ConfigError,
-    CorruptJob,
-    FloorError,
-    InvalidName,
-    InvalidSchedule,
-    NotReplicated,
-)
-from echomq.job import STATES, Job, encode_json
-from echomq.keys import DEFAULT_LANE, REGISTRY, Keys, validate_job_id, validate_name
-from echomq.tracing import current_traceparent
+from echomq.errors import CorruptJob, FloorError, NotReplicated
+from echomq.job import STATES, Job
+from echomq.keys import REGISTRY, Keys, validate_job_id, validate_name
 
-DIAL_TTL_S = 5.0  # how long a producer trusts the durability dial it read from the meta
-ADMIT_BATCH = 500  # jobs per script call in add_many: bounds one script's run time
 REPLICA_WAIT_MS = 1000  # durability "sync": how long an admit waits for a replica's ack
-# Due times are stored as integer ms text; past 10**14 Lua would write them as floats
-# ("1e+14"), so schedules end well before that: year 5000, or 100 years from now.
-MAX_DUE_MS = 95_617_584_000_000  # 5000-01-01T00:00:00Z
 PURGE_BATCH = 1000  # jobs per purge call: one call stays short
 PURGEABLE = ("completed", "dead", "cancelled")
 
@@ -69,10 +61,11 @@ class Queue:
         self.name = validate_name(name)
         # an echomq.floor.Floor: when the queue's dial is "sync", add() writes deferred jobs to it
         self.floor = floor
-        self.keys = Keys(name)
         self.settings = (settings or QueueSettings()).with_overrides(**overrides)
+        # what an admit sends, built without I/O (shared with echomq.aio.Queue)
+        self.planner = AdmitPlanner(self.name, self.settings)
+        self.keys = self.planner.keys
         self._waiters = None
-        self._dial_read: tuple[float, str | None] | None = None  # (when, meta's dial)
         if redis is not None:
             self.redis = redis
             self.where = describe(redis)
@@ -109,10 +102,10 @@ class Queue:
         completed retention. ``priority``: 0 to 9, higher first across the queue (lanes
         stay round-robin within one priority); ValueError otherwise, nothing admitted.
         """
-        spec = self._spec(name, payload, lane, delay, run_at, job_id, max_attempts, backoff,
-                          timeout, dedup_s, priority)
+        spec = self.planner.spec(name, payload, lane, delay, run_at, job_id, max_attempts,
+                                 backoff, timeout, dedup_s, priority)
         sync = self._must_sync([spec])
-        [(script, keys, args)] = self._calls([spec])
+        [(script, keys, args)] = self.planner.calls([spec])
         with translated(self.where):
             self.register()
             script(self.redis, keys, args)
@@ -125,50 +118,23 @@ class Queue:
 
         Every job is validated before anything is sent, so a bad one admits none.
         """
-        specs = self._specs(jobs)
+        specs = self.planner.specs(jobs)
         if specs:
             sync = self._must_sync(specs)
             with translated(self.where):
                 self.register()
-                scripts.execute(self.redis, self._calls(specs))
+                scripts.execute(self.redis, self.planner.calls(specs))
             self.after_admit(specs, sync)
         return [s[0] for s in specs]
 
-    def _specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
-               ) -> list[tuple[str, list[Any], int | None]]:
-        """Validate every job of an add_many call before anything is sent."""
-        specs = []
-        for item in jobs:
-            if isinstance(item, Mapping):
-                opts = dict(item)
-                name = opts.pop("name", None)
-                payload = opts.pop("payload", None)
-            else:
-                if not 1 <= len(item) <= 3:
-                    raise ValueError(f"a job is (name, payload[, options]), got {item!r}")
-                name = item[0]
-                payload = item[1] if len(item) > 1 else None
-                opts = dict(item[2]) if len(item) > 2 else {}
-            unknown = set(opts) - {"lane", "delay", "run_at", "job_id", "max_attempts", "backoff",
-                                   "timeout", "dedup_s", "priority"}
-            if unknown:
-                raise ValueError(f"unknown job option(s): {', '.join(sorted(unknown))}")
-            specs.append(self._spec(name, payload, opts.get("lane"), opts.get("delay"),
-                                    opts.get("run_at"), opts.get("job_id"),
-                                    opts.get("max_attempts"), opts.get("backoff"),
-                                    opts.get("timeout"), opts.get("dedup_s"),
-                                    opts.get("priority", 0)))
-        return specs
-
     def specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
-              ) -> tuple[list[tuple[str, list[Any], int | None]], bool]:
+              ) -> tuple[list[Spec], bool]:
         """Validate jobs given as :meth:`add_many` takes them (nothing is sent), and say
         whether deferred ones must reach the floor (see :meth:`after_admit`)."""
-        specs = self._specs(jobs)
+        specs = self.planner.specs(jobs)
         return specs, bool(specs) and self._must_sync(specs)
 
-    def after_admit(self, specs: Sequence[tuple[str, list[Any], int | None]],
-                    floor_sync: bool) -> None:
+    def after_admit(self, specs: Sequence[Spec], floor_sync: bool) -> None:
         """Durability "sync": the admits are on a replica (on a cluster) and deferred jobs
         on the floor (``floor_sync``, from :meth:`specs`)."""
         self._replicate()
@@ -191,7 +157,8 @@ class Queue:
     def _dial(self) -> str | None:
         """The queue's durability dial: the one its supervisor recorded in the queue's meta,
         else this producer's own setting (None when neither says). The recorded dial is
-        read at most every DIAL_TTL_S per Queue, so deferred adds keep one round trip."""
+        read at most every ``echomq.admit.DIAL_TTL_S`` per Queue, so deferred adds keep one
+        round trip."""
         if self.dial_stale():
             with translated(self.where):
                 self.note_dial(self.redis.hget(self.keys.meta, "durability"))
@@ -200,19 +167,17 @@ class Queue:
     def dial_stale(self) -> bool:
         """True when the recorded dial must be read again from the queue's meta (never
         read, or read over DIAL_TTL_S ago); :meth:`note_dial` records what was read."""
-        return self._dial_read is None or time.monotonic() - self._dial_read[0] > DIAL_TTL_S
+        return self.planner.dial_stale()
 
     def note_dial(self, recorded: bytes | str | None) -> None:
         """Remember the meta's ``durability`` field as just read (None: not recorded)."""
-        text = recorded.decode() if isinstance(recorded, bytes) else recorded
-        self._dial_read = (time.monotonic(), text or None)
+        self.planner.note_dial(recorded)
 
     def dial(self) -> str | None:
         """The dial as last read (see :meth:`_dial`), without reading it again."""
-        recorded = self._dial_read[1] if self._dial_read is not None else None
-        return recorded or self.settings.durability
+        return self.planner.dial()
 
-    def _must_sync(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> bool:
+    def _must_sync(self, specs: Sequence[Spec]) -> bool:
         """True when these jobs include deferred ones and the dial says "sync"; a producer
         without a floor then refuses before admitting anything, rather than downgrade."""
         if not has_deferred(specs):
@@ -228,13 +193,7 @@ class Queue:
             ConfigError: the dial says "sync" and this producer has no floor (the caller
                 has admitted nothing yet).
         """
-        sync = "sync" in (dial, self.settings.durability)
-        if sync and self.floor is None:
-            raise ConfigError(
-                f"queue {self.name!r} has durability 'sync': deferred jobs must reach the floor "
-                "before add() returns, and this producer has no floor. Pass "
-                "floor=echomq.floor.Floor.from_url(FLOOR_URL) to Queue (nothing was admitted)")
-        return sync
+        return self.planner.floor_sync(dial, self.floor is not None)
 
     def register(self) -> None:
         """Add this queue to the registry ``echomq queues`` reads (once per Queue object)."""
@@ -242,105 +201,20 @@ class Queue:
             self.redis.sadd(REGISTRY, self.name)
             self._registered = True
 
-    def _sync_to_floor(self, specs: Sequence[tuple[str, list[Any], int | None]]) -> None:
+    def _sync_to_floor(self, specs: Sequence[Spec]) -> None:
         """Durability "sync": deferred jobs are on the floor before add() returns."""
         from echomq.floor.writethrough import write_through
 
         with translated(self.where):
             write_through(self.redis, self.keys, self.floor, deferred_ids(specs))
 
-    def _spec(self, name: Any, payload: Any, lane: str | None, delay: float | None,
-              run_at: datetime | None, job_id: str | None, max_attempts: int | None,
-              backoff: Backoff | float | None, timeout: float | None = None,
-              dedup_s: float | None = None, priority: int = 0
-              ) -> tuple[str, list[Any], int | None]:
-        """Validate one job: (id, admit args without the due, due arg or None)."""
-        if not isinstance(name, str) or not name or len(name) > 255:
-            raise InvalidName(f"invalid job name {name!r}: a non-empty string of at most 255 chars")
-        lane = validate_name(lane, "lane name") if lane is not None else DEFAULT_LANE
-        job_id = validate_job_id(job_id) if job_id is not None else uuid.uuid4().hex
-        attempts = self.settings.max_attempts if max_attempts is None else max_attempts
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-            raise ValueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-        coerced = Backoff.coerce(backoff)
-        encoded = self.encode_payload(payload)
-        due = self._due(delay, run_at)
-        args = [job_id, name, encoded, lane, attempts, self.settings.max_stalls,
-                coerced.encode() if coerced else "", _timeout_ms(timeout), _dedup_ms(dedup_s),
-                current_traceparent(), _priority(priority)]
-        return job_id, args, due
-
-    def _due(self, delay: float | None, run_at: datetime | None) -> int | None:
-        """The schedule script's due argument: -delay_ms, absolute ms, or None for now."""
-        if delay is not None and run_at is not None:
-            raise InvalidSchedule("give delay or run_at, not both")
-        if run_at is not None:
-            if not isinstance(run_at, datetime):
-                raise InvalidSchedule(f"run_at must be a datetime, got {type(run_at).__name__}")
-            if run_at.tzinfo is None or run_at.utcoffset() is None:
-                raise InvalidSchedule("run_at must be timezone-aware, not naive")
-            due = max(0, int(run_at.timestamp() * 1000))
-            if due > MAX_DUE_MS:
-                raise InvalidSchedule(f"run_at {run_at.isoformat()} is too far in the future "
-                                      "(the limit is the year 5000)")
-            return due
-        if delay is None:
-            return None
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or math.isnan(delay):
-            raise InvalidSchedule(f"delay must be a number of seconds, got {delay!r}")
-        if delay < 0 or math.isinf(delay):
-            raise InvalidSchedule(f"delay must be a finite number of seconds >= 0, got {delay!r}")
-        if delay > MAX_DELAY_S:
-            raise InvalidSchedule(f"delay {delay!r} s is too far in the future "
-                                  f"(at most {MAX_DELAY_S:.0f} s, 100 years)")
-        ms = int(delay * 1000)
-        return None if ms == 0 else -ms
-
     def encode_payload(self, payload: Any) -> str:
         """JSON-encode a payload within the size and depth limits; PayloadError otherwise."""
-        return encode_json(payload, "payload", self.settings.max_payload_bytes,
-                           self.settings.max_payload_depth,
-                           bytes_setting="QueueSettings.max_payload_bytes",
-                           depth_setting="QueueSettings.max_payload_depth")
+        return self.planner.encode_payload(payload)
 
-    def calls(self, specs: Sequence[tuple[str, list[Any], int | None]]
-              ) -> list[tuple[scripts.LuaScript, list[str], list[Any]]]:
+    def calls(self, specs: Sequence[Spec]) -> list[Call]:
         """The script calls that admit validated jobs (see :meth:`specs`)."""
-        return self._calls(specs)
-
-    def _calls(self, specs: Sequence[tuple[str, list[Any], int | None]]
-               ) -> list[tuple[scripts.LuaScript, list[str], list[Any]]]:
-        now = [s for s in specs if s[2] is None]
-        later = [s for s in specs if s[2] is not None]
-        calls: list[tuple[scripts.LuaScript, list[str], list[Any]]] = []
-        for chunk in self._chunks(now):
-            args: list[Any] = [self.keys.prefix, len(chunk)]
-            for _, a, _ in chunk:
-                args += a
-            calls.append((scripts.ADMIT, scripts.admit_keys(self.keys), args))
-        for chunk in self._chunks(later):
-            args = [self.keys.prefix, len(chunk)]
-            for _, a, due in chunk:
-                args += [*a, due]
-            calls.append((scripts.SCHEDULE, scripts.schedule_keys(self.keys), args))
-        return calls
-
-    def _chunks(self, specs: Sequence[tuple[str, list[Any], int | None]]
-                ) -> list[Sequence[tuple[str, list[Any], int | None]]]:
-        """Script calls of at most ADMIT_BATCH jobs and ``admit_call_bytes`` of payload
-        (one job over the bound still goes, alone)."""
-        chunks: list[Sequence[tuple[str, list[Any], int | None]]] = []
-        start = size = 0
-        for i, spec in enumerate(specs):
-            n = len(spec[1][2].encode())  # the encoded payload; validated as UTF-8 already
-            if i > start and (i - start >= ADMIT_BATCH
-                              or size + n > self.settings.admit_call_bytes):
-                chunks.append(specs[start:i])
-                start, size = i, 0
-            size += n
-        if start < len(specs):
-            chunks.append(specs[start:])
-        return chunks
+        return self.planner.calls(specs)
 
     # --- reading ------------------------------------------------------------
 
@@ -532,8 +406,7 @@ class Queue:
     def cron_spec(self, key: str, expr: str, name: str, payload: Any, lane: str | None,
                   tz: str) -> cron.CronSpec:
         """Validate a cron as :meth:`add_cron` takes it (nothing is sent)."""
-        return cron.make_spec(key, expr, name, self.encode_payload(payload), lane, tz,
-                              self.settings.max_attempts, self.settings.max_stalls)
+        return self.planner.cron_spec(key, expr, name, payload, lane, tz)
 
     def remove_cron(self, key: str) -> bool:
         """Stop a cron (jobs it already admitted stay); False when there was none."""
@@ -634,23 +507,6 @@ def backfill_args(k: Keys, rows: Sequence[Any]) -> list[Any]:
     return args
 
 
-def has_deferred(specs: Sequence[tuple[str, list[Any], int | None]]) -> bool:
-    """True when any of these validated jobs is deferred (has a due time)."""
-    return any(s[2] is not None for s in specs)
-
-
-def deferred_ids(specs: Sequence[tuple[str, list[Any], int | None]]) -> list[str]:
-    """The ids of the deferred jobs among these validated ones (those the floor takes)."""
-    return [s[0] for s in specs if s[2] is not None]
-
-
-def _priority(priority: Any) -> str:
-    """A job's priority as the scripts take it: "0" to "9"."""
-    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
-        raise ValueError(f"priority must be an integer from 0 to 9, got {priority!r}")
-    return str(priority)
-
-
 def limit_value(max_active: int | None, rate: int | None, per_s: float | None) -> str:
     """Lane limits as the limit script stores them: "max_active rate per_ms", "-" for a
     part not set, or "max_active" alone; "" when none is set."""
@@ -674,25 +530,3 @@ def limit_value(max_active: int | None, rate: int | None, per_s: float | None) -
     if rate is None:
         return str(max_active)  # the common case: the claim reads it with one tonumber
     return " ".join("-" if v is None else str(v) for v in (max_active, rate, per_ms))
-
-
-def _timeout_ms(timeout: float | None) -> str:
-    """A job's time limit as the scripts store it: whole ms, '' for none."""
-    if timeout is None:
-        return ""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-            math.isfinite(timeout) and timeout > 0):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-    return str(max(1, math.ceil(timeout * 1000)))
-
-
-def _dedup_ms(dedup_s: float | None) -> str:
-    """How long a completed job's id stays reserved, in whole ms; '' for none (or 0)."""
-    if dedup_s is None:
-        return ""
-    if isinstance(dedup_s, bool) or not isinstance(dedup_s, (int, float)) or not (
-            math.isfinite(dedup_s) and 0 <= dedup_s <= MAX_DELAY_S):
-        raise ValueError(f"dedup_s must be a number of seconds from 0 to 100 years, "
-                         f"got {dedup_s!r}")
-    ms = math.ceil(dedup_s * 1000)
-    return str(ms) if ms > 0 else ""

@@ -78,9 +78,9 @@ def test_a_running_producer_learns_a_new_dial_within_its_ttl(
         redis_url: str, queue_name: str, floor: Floor, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    import echomq.queue
+    import echomq.admit
 
-    monkeypatch.setattr(echomq.queue, "DIAL_TTL_S", 0.2)
+    monkeypatch.setattr(echomq.admit, "DIAL_TTL_S", 0.2)
     _supervisor_records(redis_url, queue_name, "folded", "sqlite:///unused.db")
     q = echomq.Queue(queue_name, redis_url=redis_url)
     q.add("send", {}, delay=3600)  # reads "folded" and trusts it for the TTL

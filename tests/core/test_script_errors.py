@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 import redis
-from echomq.supervisor.localredis import LocalRedis
+from echomq.supervisor.drills.localredis import LocalRedis
 
 import echomq
 from echomq.keys import Keys
