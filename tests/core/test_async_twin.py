@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from echomq.concurrent import async_twin
+from echomq.asynctwin import async_twin
 from echomq.connection import client_from_url
 
 
