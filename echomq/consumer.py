@@ -230,6 +230,8 @@ class Consumer:
                     select.select([self._stop_r], [], [], wait)
                     next_promote = next_reap = 0.0
                     work = True
+            if self._pool is None:
+                self._settle_kept(beat_s)
         except KeyboardInterrupt:
             # a sync job in this thread was cut off (past the drain timeout, a second signal,
             # or an interrupt of the application's); the pool hands back its own
@@ -415,6 +417,31 @@ class Consumer:
                     log.warning("queue %s: the drain did not end; leases it holds will "
                                 "expire", self.queue.name)
                 return
+
+    def _settle_kept(self, beat_s: float) -> None:
+        """A stop that came while outcomes waited for the server (their settle failed on
+        the way): settle them before returning, trying again at most a beat apart within
+        the drain timeout, their leases extended meanwhile. Left behind, the jobs that
+        finished would come back at lease expiry, charged a stall, and run again."""
+        drain = self._drainer
+        deadline = self._stop_deadline if self._stop_deadline is not None else \
+            time.monotonic() + self.drain_timeout
+        failures = 0
+        while drain.pending and not self._cut:
+            try:
+                if failures:
+                    scripts.load_all(self.queue.redis, self.queue.keys.prefix)
+                drain.settle(drain.pending, resent=True)
+            except UNAVAILABLE_ERRORS as exc:
+                failures += 1
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("queue %s: %d finished job(s) not settled within the drain "
+                                "timeout (%s); they run again once their leases expire",
+                                self.queue.name, len(drain.pending), exc)
+                    return
+                # no event says the server is back: try again after a short wait
+                select.select([], [], [], min(left, beat_s, 0.05 * 2 ** min(failures, 7)))
 
     def _heartbeat(self) -> None:
         """Extend the leases in hand every third of a lease period."""
