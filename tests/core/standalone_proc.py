@@ -1,15 +1,15 @@
 """One standalone ``echomq.Consumer(...).run()`` process, for the tests that signal or crash it.
 
     python standalone_proc.py URL QUEUE [--concurrency N] [--async] [--drain-timeout S]
-                              [--lease-ms MS]
+                              [--lease-ms MS] [--ledger-url URL]
 
 Its handler records each start in ``ledger:<queue>:started`` (``id:pid:attempt``) and each
-end in ``ledger:<queue>:done``. Payload options: ``sleep`` (s of work), ``exit`` (a code:
-``os._exit`` mid-job), ``gate`` (a list key: the job waits until the test pushes to it),
-``linger`` (return a result whose repr, which the runner asks for after the handler
-returned, records ``ledger:<queue>:returned`` and then waits for an item in
-``ledger:<queue>:go``). The process prints ``ready`` once the consumer is built and
-``ran N`` when ``run()`` returns.
+end in ``ledger:<queue>:done`` (on the queue's server, or at ``--ledger-url``). Payload
+options: ``sleep`` (s of work), ``exit`` (a code: ``os._exit`` mid-job), ``gate`` (a list
+key: the job waits until the test pushes to it), ``linger`` (return a result whose repr,
+which the runner asks for after the handler returned, records ``ledger:<queue>:returned``
+and then waits for an item in ``ledger:<queue>:go``). The process prints ``ready`` once
+the consumer is built and ``ran N`` when ``run()`` returns.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def main() -> int:
     ap.add_argument("--async", dest="is_async", action="store_true")
     ap.add_argument("--drain-timeout", type=float, default=None)
     ap.add_argument("--lease-ms", type=int, default=None)
+    ap.add_argument("--ledger-url", default=None)
     args = ap.parse_args()
-    ledger = redis.Redis.from_url(args.url)
+    ledger = redis.Redis.from_url(args.ledger_url or args.url)
     started, done = f"ledger:{args.queue}:started", f"ledger:{args.queue}:done"
 
     def begin(job: echomq.Job) -> dict[str, Any]:

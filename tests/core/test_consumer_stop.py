@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from echomq.supervisor.localredis import LocalRedis, server_binary
 
 import echomq
 
@@ -299,3 +300,38 @@ def test_the_drain_timeout_cuts_a_job_whose_handler_had_not_started_yet(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_a_stop_while_the_server_is_down_settles_the_finished_job_once_it_is_back(
+        redis_url: str, queue_name: str, r: redis.Redis, tmp_path: Path,
+        consumers: Callable[..., Consumer]) -> None:
+    """The job finishes while the server is down (SIGKILLed: it comes back on its
+    append-only file), its settle fails, and a SIGINT comes while the consumer waits for
+    the server: once the server is back, the consumer settles it, then exits."""
+    if server_binary() is None:
+        pytest.skip("needs a redis-server/valkey-server binary")
+    server = LocalRedis(appendonly=True, workdir=str(tmp_path),
+                        extra_args=("--appendfsync", "always")).start()
+    try:
+        q = echomq.Queue(queue_name, redis_url=server.url)
+        q.add("x", {"sleep": 1.5}, job_id="j0")
+        q.close()
+        a = consumers(server.url, queue_name, "--lease-ms", "5000", "--ledger-url", redis_url)
+        wait_until(lambda: len(_started(r, queue_name)) == 1, 30, "the job to start")
+        server.kill()
+        wait_until(lambda: r.lrange(f"ledger:{queue_name}:done", 0, -1) == [b"j0"], 30,
+                   "the job to finish")
+        wait_until(lambda: "server unreachable" in a.output(), 30, "the failed settle")
+        a.proc.send_signal(signal.SIGINT)
+        wait_until(lambda: "SIGINT: stopping" in a.output(), 30, "the stop")
+        server.start()
+        assert a.wait(30) == 0, a.output()
+        q = echomq.Queue(queue_name, redis_url=server.url)
+        job = q.get("j0")
+        # settled by the consumer that ran it: not left to lapse, charged, and run again
+        assert job is not None and job.state == "completed", (job, a.output())
+        assert job.attempts == 1 and job.stalls == 0, job
+        assert _started(r, queue_name) == [("j0", a.proc.pid, 1)]
+        q.close()
+    finally:
+        server.stop()

@@ -19,9 +19,12 @@ fires once, at the ``nth`` command any connection sends that its predicate match
 
 Commands written after the chosen one are never relayed. Other connections, and new
 ones made after the cut, are relayed untouched. Predicates get the command as a list of
-bytes; :func:`script` and :func:`command` build common ones. :meth:`Proxy.watch`
-counts commands without cutting; :meth:`Proxy.sever_all` cuts every connection at
-once. Use as a context manager, or call :meth:`Proxy.close`.
+bytes; :func:`script` and :func:`command` build common ones; ``on=`` narrows a cut to
+the connections a predicate on the :class:`Link` accepts. :meth:`Proxy.watch` counts
+commands without cutting; an ``observer`` (see :class:`Observer`) sees every command,
+every reply the server sent (those a cut dropped too) and every cut, with its
+connection; :meth:`Proxy.sever_all` cuts every connection at once. Use as a context
+manager, or call :meth:`Proxy.close`.
 
     with Proxy(server_port) as proxy:
         cut = proxy.cut(script(scripts.CLAIM), when="after")
@@ -37,6 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Protocol
 
 Command = list[bytes]
 Predicate = Callable[[Command], bool]
@@ -62,6 +66,19 @@ def command(name: str) -> Predicate:
     return lambda cmd: bool(cmd) and cmd[0].upper() == wanted
 
 
+class Observer(Protocol):
+    """Sees a proxy's traffic, on the relaying threads (keep it quick)."""
+
+    def command(self, link: Link, cmd: Command) -> None:
+        """``cmd`` arrived from the client (before any cut judges it)."""
+
+    def reply(self, link: Link, cmd: Command, reply: bytes, dropped: bool) -> None:
+        """The server answered ``cmd``; ``dropped`` when a cut kept it from the client."""
+
+    def cut(self, link: Link, armed: Cut) -> None:
+        """``armed`` fired on ``link`` (before its client's side is closed)."""
+
+
 @dataclass
 class Cut:
     """One armed cut: fires once, at the ``nth`` matching command."""
@@ -70,6 +87,7 @@ class Cut:
     nth: int
     when: str
     reply: Callable[[bytes], bool] | None = None  # judged on the reply instead
+    on: Callable[[Link], bool] | None = None  # only commands of the links it accepts
     seen: int = 0
     fired: threading.Event = field(default_factory=threading.Event)
     command: Command | None = None  # the command it fired at
@@ -125,8 +143,10 @@ def parse_command(buf: bytes | bytearray, start: int) -> tuple[Command, int] | N
 class Proxy:
     """Relays 127.0.0.1:<port> to the server at ``host``:``target_port``."""
 
-    def __init__(self, target_port: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, target_port: int, host: str = "127.0.0.1",
+                 observer: Observer | None = None) -> None:
         self.target = (host, target_port)
+        self.observer = observer
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
         self.lock = threading.Lock()
@@ -142,15 +162,17 @@ class Proxy:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def cut(self, match: Predicate, *, nth: int = 1, when: str = "before",
-            reply: Callable[[bytes], bool] | None = None) -> Cut:
+            reply: Callable[[bytes], bool] | None = None,
+            on: Callable[[Link], bool] | None = None) -> Cut:
         """Arm a cut of the connection that sends the ``nth`` command matching ``match``
         from now on; ``when`` is "before" or "after" (see the module's docstring). With
         ``reply``, the cut is "after" the ``nth`` command matching ``match`` whose reply
         (its raw bytes) ``reply`` accepts: that reply is dropped, the client's side closed
-        (what a command took is known only once it ran: a claim that leased a given job)."""
+        (what a command took is known only once it ran: a claim that leased a given job).
+        With ``on``, only the commands of the connections it accepts count."""
         if when not in ("before", "after") or nth < 1 or (reply and when != "after"):
             raise ValueError(f"bad cut: when={when!r}, nth={nth}, reply={reply!r}")
-        armed = Cut(match, nth, when, reply)
+        armed = Cut(match, nth, when, reply, on)
         with self.lock:
             self.cuts.append(armed)
         return armed
@@ -206,7 +228,7 @@ class Proxy:
                              name="proxy-up").start()
             threading.Thread(target=link.down, daemon=True, name="proxy-down").start()
 
-    def _firing(self, cmd: Command) -> Cut | None:
+    def _firing(self, cmd: Command, link: Link) -> Cut | None:
         """The cut this command fires, if any; it counts for every armed cut it matches
         (two cuts reaching their nth match at once act as the first armed)."""
         firing = None
@@ -214,7 +236,8 @@ class Proxy:
             for watch in self.watches:
                 watch.saw(cmd)
             for armed in self.cuts:
-                if armed.command is not None or armed.reply or not armed.match(cmd):
+                if armed.command is not None or armed.reply or not armed.match(cmd) or \
+                        (armed.on is not None and not armed.on(link)):
                     continue
                 armed.seen += 1
                 if armed.seen == armed.nth:
@@ -228,20 +251,28 @@ class Proxy:
                 if armed.command is cmd:
                     armed.fired.set()
 
-    def _reply_firing(self, cmd: Command, reply: bytes) -> Cut | None:
+    def _reply_firing(self, cmd: Command, reply: bytes, link: Link) -> Cut | None:
         """The cut this reply to ``cmd`` fires, if any (it counts for every cut armed by
         now that judges replies and accepts it, wherever ``cmd`` was relayed before)."""
         firing = None
         with self.lock:
             for armed in self.cuts:
                 if armed.command is not None or not armed.reply or not armed.match(cmd) \
-                        or not armed.reply(reply):
+                        or not armed.reply(reply) or (armed.on is not None and not armed.on(link)):
                     continue
                 armed.seen += 1
                 if armed.seen == armed.nth:
                     armed.command = cmd
                     firing = firing or armed
         return firing
+
+    def _observe_cut(self, link: Link, armed: Cut) -> None:
+        if self.observer is not None:
+            self.observer.cut(link, armed)
+
+    def _observe_reply(self, link: Link, cmd: Command, reply: bytes, dropped: bool) -> None:
+        if self.observer is not None:
+            self.observer.reply(link, cmd, reply, dropped)
 
     def _up(self, link: Link) -> None:
         buf = bytearray()
@@ -257,13 +288,19 @@ class Proxy:
             pos = 0
             while (parsed := parse_command(buf, pos)) is not None:
                 cmd, end = parsed
-                armed = self._firing(cmd)
+                if self.observer is not None:
+                    self.observer.command(link, cmd)
+                armed = self._firing(cmd, link)
                 if armed is None:
                     pos = end
                     link.expect(cmd)
                     continue
                 # the commands before it are answered; the client hears nothing after
-                link.cut_after(link.sent, keep_server=armed.when == "after")
+                answered = link.sent
+                if armed.when == "after":
+                    link.expect(cmd)  # its reply, dropped, is still observed
+                self._observe_cut(link, armed)
+                link.cut_after(answered, keep_server=armed.when == "after")
                 _send(link.server, bytes(buf[:end if armed.when == "after" else pos]))
                 self._fired(cmd)
                 return
@@ -288,6 +325,7 @@ class Link:
         self.relayed = 0  # replies relayed to the client
         self.limit: int | None = None  # replies the client gets, once a cut fired
         self.keep_server = False
+        self.tag: str | None = None  # for an observer: whose connection this is
 
     def expect(self, cmd: Command) -> None:
         """``cmd`` is about to be relayed (its reply comes in this order)."""
@@ -324,18 +362,24 @@ class Link:
             while (end := reply_end(buf, pos)) is not None:
                 reply, pos = bytes(buf[pos:end]), end
                 with self.lock:
-                    if self.limit is not None and self.relayed >= self.limit:
-                        continue  # dropped: the server's side drains
                     if reply[:1] == b">":  # a push answers no command
-                        _send(self.client, reply)
+                        if self.limit is None or self.relayed < self.limit:
+                            _send(self.client, reply)
                         continue
                     cmd = self.expected.popleft() if self.expected else []
-                    armed = self.proxy._reply_firing(cmd, reply)
+                    if self.limit is not None and self.relayed >= self.limit:
+                        # dropped: the server's side drains
+                        self.proxy._observe_reply(self, cmd, reply, dropped=True)
+                        continue
+                    armed = self.proxy._reply_firing(cmd, reply, self)
                     if armed is not None:
                         self.limit, self.keep_server = self.relayed, True
+                        self.proxy._observe_cut(self, armed)
+                        self.proxy._observe_reply(self, cmd, reply, dropped=True)
                         self._close_if_due()
                         armed.fired.set()
                         continue
+                    self.proxy._observe_reply(self, cmd, reply, dropped=False)
                     _send(self.client, reply)
                     self.relayed += 1
                     self._close_if_due()
