@@ -382,7 +382,7 @@ def probe_livez(port: int) -> tuple[float, str]:
 
 CONSUMER = """
 import echomq
-from echomq.supervisor.drill_handler import handle
+from echomq.supervisor.drills.handler import handle
 echomq.Consumer({queue!r}, handle, redis_url={url!r}, beat_ms={beat}, lease_ms={lease},
                drain_timeout={drain}).run()
 """
