@@ -13,6 +13,12 @@ MAX_DELAY_S = 100 * 365.25 * 86_400  # 100 years
 MAX_DELAY_MS = int(MAX_DELAY_S * 1000)
 
 
+def retry_pause(failures: int, cap: float, doublings: int = 6) -> float:
+    """How long to wait before reaching the server again after ``failures`` failures in
+    a row: 50 ms doubled with each (``doublings`` times at most), at most ``cap`` s."""
+    return min(cap, 0.05 * 2 ** min(failures, doublings))
+
+
 def delay_ms(seconds: float) -> int:
     """A delay as whole ms from 0 to MAX_DELAY_MS (100 years): longer ones, infinity
     included, are clamped to it; negative ones and NaN are 0."""

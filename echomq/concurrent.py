@@ -39,6 +39,7 @@ from typing import Any
 
 from echomq import aio, loops, scripts
 from echomq.asynctwin import async_twin
+from echomq.backoff import retry_pause
 from echomq.connection import UNAVAILABLE_ERRORS
 from echomq.drain import DrainHooks
 from echomq.job import Claimed, parse_claimed
@@ -325,8 +326,8 @@ class ConcurrentDrain:
         pause that grows with the failures in a row (at most a beat), then try again; a
         poke or a stop ends it early. Jobs finishing meanwhile do not: their outcomes wait
         for it."""
-        pause = min(MAX_RETRY_WAIT_S, self.lanes.settings.beat_ms / 1000,
-                    0.05 * 2 ** min(self.failures, 6))
+        pause = retry_pause(self.failures,
+                            min(MAX_RETRY_WAIT_S, self.lanes.settings.beat_ms / 1000))
         deadline = self.loop.time() + pause
         stopping = self.stopping
         while self.blocked and self.stopping == stopping:

@@ -43,6 +43,7 @@ import redis
 import redis.exceptions
 
 from echomq import loops, scripts
+from echomq.backoff import retry_pause
 from echomq.concurrent import ConcurrentDrain
 from echomq.config import DEFAULT_DRAIN_TIMEOUT_S, QueueSettings
 from echomq.connection import UNAVAILABLE_ERRORS
@@ -223,7 +224,7 @@ class Consumer:
                 except UNAVAILABLE_ERRORS as exc:
                     failures += 1
                     doorbell.reset()
-                    wait = min(MAX_RECONNECT_WAIT_S, 0.05 * 2 ** min(failures, 7))
+                    wait = retry_pause(failures, MAX_RECONNECT_WAIT_S, doublings=7)
                     log.warning("queue %s: server unreachable (%s); retrying in %.2fs",
                                 self.queue.name, exc, wait)
                     # wait on the stop pipe: stop() ends the wait at once
@@ -400,7 +401,9 @@ class Consumer:
         self.runner.cut = True  # a sync job cut before its handler starts is cut there
         log.warning("queue %s: %s again: handing back the running job(s) at once",
                     self.queue.name, signal.Signals(signum).name)
-        if self._pool is None and self._running and self.runner.in_handler:
+        if self._pool is not None:
+            self._pool.give_up()  # its end ends the wait in _finish_pool
+        elif self._running and self.runner.in_handler:
             raise KeyboardInterrupt  # out of the sync job running in this thread
 
     def _settle_pending(self) -> None:
@@ -418,7 +421,7 @@ class Consumer:
                 return
             failures += 1
             select.select([self._stop_r], [], [],
-                          min(left, MAX_RECONNECT_WAIT_S, 0.05 * 2 ** min(failures, 7)))
+                          retry_pause(failures, min(left, MAX_RECONNECT_WAIT_S), doublings=7))
             self._drain_stop_pipe()
             try:
                 self._drainer.settle(self._drainer.pending, resent=True)
@@ -440,15 +443,15 @@ class Consumer:
         a second signal); then have it hand them back counting a stall."""
         if self._stop_deadline is None:
             self._stop_deadline = time.monotonic() + self.drain_timeout
-        while not pool.join(min(0.1, max(0.0, self._stop_deadline - time.monotonic()))):
-            if self._cut or time.monotonic() >= self._stop_deadline:
-                log.warning("queue %s: drain timeout: handing back %d running job(s), "
-                            "counting a stall", self.queue.name, len(self._running))
-                pool.give_up()
-                if not pool.join(GIVE_UP_WAIT_S):
-                    log.warning("queue %s: the drain did not end; leases it holds will "
-                                "expire", self.queue.name)
-                return
+        if not self._cut and pool.join(max(0.0, self._stop_deadline - time.monotonic())):
+            return
+        if not self._cut:  # the deadline passed
+            log.warning("queue %s: drain timeout: handing back %d running job(s), counting "
+                        "a stall", self.queue.name, len(self._running))
+        pool.give_up()  # after a second signal's own give_up, a no-op
+        if not pool.join(GIVE_UP_WAIT_S):
+            log.warning("queue %s: the drain did not end; leases it holds will expire",
+                        self.queue.name)
 
     def _heartbeat(self) -> None:
         """Extend the leases in hand every third of a lease period."""

@@ -24,6 +24,7 @@ from echomq.supervisor.holdings import Holdings
 from echomq.supervisor.observations import Observations
 
 from echomq import scripts
+from echomq.backoff import retry_pause
 from echomq.concurrent import ConcurrentDrain, max_held
 from echomq.config import QueueSettings
 from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, refusal_code
@@ -162,8 +163,7 @@ class Worker:
         event says the server is back, so wait on the pipe for that long (what the parent
         writes ends the wait). Returns what was read (b"" when the parent is gone), None at
         the timeout."""
-        wait = min(MAX_SETTLE_WAIT_S, self.settings.beat_ms / 1000,
-                   0.05 * 2 ** min(failures, 6))
+        wait = retry_pause(failures, min(MAX_SETTLE_WAIT_S, self.settings.beat_ms / 1000))
         readable, _, _ = select.select([self.sock], [], [], wait)
         if not readable:
             return None
