@@ -32,6 +32,12 @@ def record(job: Any) -> None:
     _redis().rpush("bench:lat", f"{started - float(job.payload['t']):.6f}")
 
 
+def started(job: Any) -> None:
+    """Push ``"<payload i> <start time>"`` onto ``bench:start``: for a stamp the producer
+    can only take after the job is written (e.g. when its transaction's commit returns)."""
+    _redis().rpush("bench:start", f"{job.payload['i']} {time.time():.6f}")
+
+
 async def io_async(job: Any) -> None:
     """I/O-bound work: wait ``payload["s"]`` seconds (default 0.05) without blocking the loop;
     a job named ``probe`` records its pickup latency instead."""

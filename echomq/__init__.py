@@ -10,11 +10,13 @@ from __future__ import annotations
 from echomq import aio
 from echomq.backoff import Backoff
 from echomq.bulk import add_many
+from echomq.canvas import Signature, Workflow, chain, chord, group, signature
 from echomq.config import QueueSettings
 from echomq.consumer import Consumer
 from echomq.control import Fail, Retry
 from echomq.cron import Cron
 from echomq.current import current_job
+from echomq.debouncing import DebounceClash
 from echomq.errors import (
     ConfigError,
     ConnectionFailed,
@@ -30,12 +32,17 @@ from echomq.errors import (
     MissingExtra,
     NotReplicated,
     PayloadError,
+    ProtocolMismatch,
     StaleLease,
+    UnknownDependency,
 )
+from echomq.events import Event
 from echomq.job import STATES, Job
 from echomq.lanes import Lanes, Outcome
+from echomq.middleware import Middleware
 from echomq.pools import configure
 from echomq.queue import Queue
+from echomq.stopping import JobCancelled
 from echomq.task import Task, task
 
 __version__ = "0.1.0"
@@ -43,23 +50,35 @@ __version__ = "0.1.0"
 __all__ = [
     "STATES",
     "Backoff",
+    "Signature",
+    "UnknownDependency",
+    "Workflow",
+    "chain",
+    "chord",
+    "group",
+    "signature",
     "ConfigError",
     "ConnectionFailed",
     "Consumer",
     "CorruptJob",
     "Cron",
+    "DebounceClash",
     "EchoMQError",
+    "Event",
     "Fail",
     "FloorError",
     "FloorSchemaError",
     "HandlerNotFound",
     "InvalidName",
     "InvalidSchedule",
+    "JobCancelled",
     "JobFailed",
     "JobNotFound",
     "MissingExtra",
+    "ProtocolMismatch",
     "Job",
     "Lanes",
+    "Middleware",
     "NotReplicated",
     "Outcome",
     "PayloadError",

@@ -13,10 +13,11 @@ A validated job is a spec: ``(job_id, admit args without the due, due arg or Non
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -34,7 +35,7 @@ ADMIT_BATCH = 500  # jobs per script call in add_many: bounds one script's run t
 # ("1e+14"), so schedules end well before that: year 5000, or 100 years from now.
 MAX_DUE_MS = 95_617_584_000_000  # 5000-01-01T00:00:00Z
 JOB_OPTIONS = frozenset({"lane", "delay", "run_at", "job_id", "max_attempts", "backoff",
-                         "timeout", "dedup_s", "priority"})
+                         "timeout", "dedup_s", "priority", "expires"})
 
 Spec = tuple[str, list[Any], "int | None"]
 Call = tuple[scripts.LuaScript, list[str], list[Any]]
@@ -71,8 +72,13 @@ class AdmitPlanner:
                 current_traceparent(), priority_arg(priority)]
         return job_id, args, when
 
-    def specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[Spec]:
-        """Validate every job of an add_many call before anything is sent."""
+    def specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]],
+              expiries: dict[int, int] | None = None) -> list[Spec]:
+        """Validate every job of an add_many call before anything is sent. A job's
+        ``expires`` option goes into ``expiries`` (the job's index -> expire_mark
+        argument); a caller that passes none takes no expiries (ValueError)."""
+        from echomq.expiry import expires_arg
+
         specs = []
         for item in jobs:
             if isinstance(item, Mapping):
@@ -88,11 +94,19 @@ class AdmitPlanner:
             unknown = set(opts) - JOB_OPTIONS
             if unknown:
                 raise ValueError(f"unknown job option(s): {', '.join(sorted(unknown))}")
+            until = opts.get("expires")
+            if until is not None:
+                if expiries is None:
+                    raise ValueError("the expires option is taken by Queue.add_many and "
+                                     "aio.Queue.add_many, not by this call")
+                until = expires_arg(until)
             specs.append(self.spec(name, payload, opts.get("lane"), opts.get("delay"),
                                    opts.get("run_at"), opts.get("job_id"),
                                    opts.get("max_attempts"), opts.get("backoff"),
                                    opts.get("timeout"), opts.get("dedup_s"),
                                    opts.get("priority", 0)))
+            if until is not None and expiries is not None:
+                expiries[len(specs) - 1] = until
         return specs
 
     def encode_payload(self, payload: Any) -> str:
@@ -125,6 +139,24 @@ class AdmitPlanner:
                 args += [*a, when]
             calls.append((scripts.SCHEDULE, scripts.schedule_keys(self.keys), args))
         return calls
+
+    def marked_calls(self, specs: Sequence[Spec], marks: Mapping[int, int]
+                     ) -> list[list[Call]]:
+        """The admit calls of jobs some of which expire (``marks``: a job's index in
+        ``specs`` -> expire_mark argument), as transactions of at most ADMIT_BATCH jobs,
+        each the admit of its jobs and their marks: no claim runs between a job's admit
+        and its mark, and no transaction holds the server longer than one admit call and
+        its marks. A mark names its job's payload: a job the admit left alone under the
+        same id (an earlier one, or an earlier job of the same call) is not marked."""
+        from echomq.expiry import mark_call
+
+        out = []
+        for start in range(0, len(specs), ADMIT_BATCH):
+            group = specs[start:start + ADMIT_BATCH]
+            out.append([*self.calls(group), *(
+                mark_call(self.keys, job_id, marks[start + i], args[2])
+                for i, (job_id, args, _) in enumerate(group) if start + i in marks)])
+        return out
 
     def _chunks(self, specs: Sequence[Spec]) -> list[Sequence[Spec]]:
         """Script calls of at most ADMIT_BATCH jobs and ``admit_call_bytes`` of payload
@@ -187,6 +219,12 @@ def deferred_ids(specs: Sequence[Spec]) -> list[str]:
     return [s[0] for s in specs if s[2] is not None]
 
 
+def added(specs: Sequence[Spec]) -> Iterator[tuple[str, str, Any]]:
+    """(job id, name, payload decoded again) of validated jobs, for before_add hooks."""
+    for job_id, args, _ in specs:
+        yield job_id, args[1], json.loads(args[2])
+
+
 def due(delay: float | None, run_at: datetime | None) -> int | None:
     """The schedule script's due argument: -delay_ms, absolute ms, or None for now."""
     if delay is not None and run_at is not None:
@@ -241,3 +279,17 @@ def dedup_ms(dedup_s: float | None) -> str:
                          f"got {dedup_s!r}")
     ms = math.ceil(dedup_s * 1000)
     return str(ms) if ms > 0 else ""
+
+
+def refuse_mixed(tx: bool = False, after: bool = False, expires: bool = False,
+                 debounce: bool = False) -> None:
+    """Options of one add that do not combine: a clear ValueError, nothing admitted.
+
+    The outbox (``tx=``) relays plain jobs; a job with dependencies (``after=``) takes
+    neither an expiry nor a debounce key; a debounced job may expire.
+    """
+    given = [n for n, on in (("tx=", tx), ("after=", after), ("expires=", expires),
+                             ("debounce=", debounce)) if on]
+    if len(given) > 1 and set(given) != {"expires=", "debounce="}:
+        raise ValueError(f"{' and '.join(given)} cannot be combined in one add "
+                         "(nothing was admitted); see docs/reference.md")

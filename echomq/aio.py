@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -40,8 +40,19 @@ import redis
 import redis.asyncio
 import redis.exceptions
 
-from echomq import cron, pools, results, scripts
-from echomq.admit import AdmitPlanner, Spec, deferred_ids, has_deferred
+from echomq import (
+    aiocontrol,
+    cron,
+    depend,
+    durable,
+    events,
+    pools,
+    protocol,
+    results,
+    scripts,
+    stopping,
+)
+from echomq.admit import AdmitPlanner, Spec, added, deferred_ids, has_deferred, refuse_mixed
 from echomq.backoff import Backoff
 from echomq.config import QueueSettings
 from echomq.connection import (
@@ -55,10 +66,13 @@ from echomq.connection import (
     translated,
 )
 from echomq.errors import ConnectionFailed, JobFailed, JobNotFound
+from echomq.events import Event
 from echomq.job import Job
 from echomq.keys import REGISTRY, validate_job_id, validate_name
+from echomq.middleware import hooks_of
 from echomq.queue import Queue as SyncQueue
 from echomq.queue import backfill_args, limit_value
+from echomq.tracing import note_message_id, producer_span
 
 COMMAND_CONNECTIONS = 32  # a bounded pool for commands
 CLUSTER_CONNECTIONS = 256  # per cluster node: redis-py's cluster pool refuses past it
@@ -101,13 +115,16 @@ class Queue:
         redis: Any = None,
         settings: QueueSettings | None = None,
         floor: Any = None,
+        middleware: Sequence[Any] = (),
         **overrides: Any,
     ) -> None:
         self.name = validate_name(name)
-        # an echomq.floor.Floor: when the queue's dial is "sync", add() writes deferred
-        # jobs to it before returning (as echomq.Queue does)
-        self.floor = floor
-        self.settings = (settings or QueueSettings()).with_overrides(**overrides)
+        # an echomq.floor.Floor (or its URL): when the queue's dial is "sync", add() writes
+        # deferred jobs to it before returning (as echomq.Queue does); "durable": every job
+        self.floor = durable.as_floor(floor)
+        self.middleware = list(middleware)  # before_add (awaited when async def)
+        self._hooks = hooks_of(self.middleware)
+        self.settings = (settings or pools.default_settings()).with_overrides(**overrides)
         self._plan = AdmitPlanner(self.name, self.settings)  # what an admit sends
         self.keys = self._plan.keys
         self._owns_pool = redis is None
@@ -128,6 +145,7 @@ class Queue:
         self._dial_reading: asyncio.Task[None] | None = None
         self._writing: set[asyncio.Task[None]] = set()  # floor writes under way
         self._registered = False
+        self._protocol_read = False  # the meta's protocol version was read and accepted
 
     def __repr__(self) -> str:
         return f"aio.Queue({self.name!r}, {self.where})"
@@ -146,16 +164,47 @@ class Queue:
         timeout: float | None = None,
         dedup_s: float | None = None,
         priority: int = 0,
+        tx: Any = None,
+        after: Iterable[str] | None = None,
+        on_dep_failure: str = "fail",
+        expires: float | datetime | None = None,
+        debounce: str | None = None,
+        debounce_s: float | None = None,
+        debounce_max_s: float | None = None,
     ) -> str:
-        """Admit one job and return its id; see :meth:`echomq.Queue.add`."""
-        spec = self._plan.spec(name, payload, lane, delay, run_at, job_id, max_attempts,
-                               backoff, timeout, dedup_s, priority)
-        sync = await self._floor_sync([spec])
-        done = asyncio.get_running_loop().create_future()
-        self._pending.append((spec, sync, done))
-        if self._admitting is None:
-            self._admitting = asyncio.create_task(self._admit_pending())
-        await done
+        """Admit one job and return its id; see :meth:`echomq.Queue.add` (``tx``: an
+        AsyncConnection or AsyncSession, the outbox)."""
+        debounced = debounce is not None or debounce_s is not None or debounce_max_s is not None
+        refuse_mixed(tx is not None, after is not None or on_dep_failure != "fail",
+                     expires is not None, debounced)
+        with producer_span(self.name, "add") as span:
+            if expires is not None or debounced:
+                if self._hooks is not None:  # a debounced add's job is the server's pick
+                    await self._hooks.before_add_async(self.name, job_id, name, payload)
+                jid = await aiocontrol.add(
+                    self, name, payload, expires=expires, debounce=debounce,
+                    debounce_s=debounce_s, debounce_max_s=debounce_max_s, lane=lane,
+                    delay=delay, run_at=run_at, job_id=job_id, max_attempts=max_attempts,
+                    backoff=backoff, timeout=timeout, dedup_s=dedup_s, priority=priority)
+                note_message_id(span, jid)
+                return jid
+            spec = self._plan.spec(name, payload, lane, delay, run_at, job_id, max_attempts,
+                                   backoff, timeout, dedup_s, priority)
+            if self._hooks is not None:
+                await self._hooks.before_add_async(self.name, spec[0], name, payload)
+            note_message_id(span, spec[0])
+            if tx is not None:
+                await durable.to_outbox_async(tx, self.name, [spec])
+                return spec[0]
+            if after is not None or on_dep_failure != "fail":
+                deps = depend.dependencies([] if after is None else after, on_dep_failure)
+                return (await self.add_blocked([spec], [(deps, on_dep_failure)]))[0]
+            sync = await self._floor_sync([spec])
+            done = asyncio.get_running_loop().create_future()
+            self._pending.append((spec, sync, done))
+            if self._admitting is None:
+                self._admitting = asyncio.create_task(self._admit_pending())
+            await done
         return spec[0]
 
     async def _admit_pending(self) -> None:
@@ -203,32 +252,79 @@ class Queue:
                 if not done.done():
                     done.set_result(None)
 
-    async def add_many(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[str]:
+    async def add_many(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]], *,
+                       tx: Any = None) -> list[str]:
         """Admit many jobs in one round trip; see :meth:`echomq.Queue.add_many`."""
-        specs = self._plan.specs(jobs)
-        if specs:
-            sync = await self._floor_sync(specs)
-            await self._register()
-            with translated(self.where):
-                await execute(self.redis, self._plan.calls(specs))
-            if sync:
-                await self._write_through(specs)
+        jobs, deps = depend.split(jobs)  # (echomq.depend)
+        with producer_span(self.name, "add_many", len(jobs)):
+            expiries: dict[int, int] = {}
+            specs = self._plan.specs(jobs, expiries)
+            blocked = any(d is not None for d in deps)
+            if expiries:
+                refuse_mixed(tx is not None, blocked, True)
+            if self._hooks is not None:
+                for job_id, name, payload in added(specs):
+                    await self._hooks.before_add_async(self.name, job_id, name, payload)
+            if specs and tx is not None:
+                refuse_mixed(tx=True, after=blocked)
+                await durable.to_outbox_async(tx, self.name, specs)
+            elif blocked:
+                return await self.add_blocked(specs, deps)
+            elif specs:
+                sync = await self._floor_sync(specs)
+                await self._register()
+                with translated(self.where):
+                    if expiries:  # marked in the admit's transaction: no claim between
+                        for group in self._plan.marked_calls(specs, expiries):
+                            await execute_atomically(self.redis, group)
+                    else:
+                        await execute(self.redis, self._plan.calls(specs))
+                if sync:
+                    await self._write_through(specs)
         return [s[0] for s in specs]
 
-    async def _floor_sync(self, specs: Sequence[Spec]) -> bool:
+    async def add_blocked(self, specs: Sequence[Spec],
+                          deps: Sequence[tuple[list[str], str] | None]) -> list[str]:
+        """Admit validated jobs, some with dependencies; see
+        :meth:`echomq.Queue.add_blocked`."""
+        calls = depend.plan(self.keys, specs, deps, self._plan.calls)
+        sync = await self._floor_sync(specs)
+        await self._register()
+        with translated(self.where):
+            try:
+                if len(calls) == 1:
+                    await execute(self.redis, calls)
+                else:  # whole before any of its jobs can run and end (retention included)
+                    await execute_atomically(self.redis, calls)
+            except redis.exceptions.ResponseError as exc:
+                raise depend.translate(exc) from None
+        if sync:
+            await self._write_through(specs, deps)
+        return [s[0] for s in specs]
+
+    async def _floor_sync(self, specs: Sequence[Spec], *, deferred: bool | None = None
+                          ) -> bool:
         """The asyncio side of :meth:`echomq.Queue.floor_sync`: the dial is read from the
         queue's meta at most every DIAL_TTL_S, by one read that concurrent adds share.
+        ``deferred``: whether the jobs include deferred ones, when ``specs`` cannot tell (a
+        debounced job, whose spec the server builds).
 
         Raises:
             ConfigError: the dial says "sync" and this producer has no floor.
         """
-        if not has_deferred(specs):
+        own = self.settings.durability
+        every = self.floor is not None or own is not None  # "durable" may put every job there
+        later = has_deferred(specs) if deferred is None else deferred
+        if not every and not later:
             return False  # only deferred jobs go to the floor: the dial is not even read
         if self._plan.dial_stale():
             if self._dial_reading is None:
                 self._dial_reading = asyncio.create_task(self._read_dial())
             await asyncio.shield(self._dial_reading)  # a cancelled add leaves it to the rest
-        return self._plan.floor_sync(self._plan.dial(), self.floor is not None)
+        if durable.is_durable(self._plan.dial(), own):
+            durable.require_floor(self.name, self.floor)
+            return True
+        return later and self._plan.floor_sync(self._plan.dial(), self.floor is not None)
 
     async def _read_dial(self) -> None:
         try:
@@ -237,10 +333,17 @@ class Queue:
         finally:
             self._dial_reading = None
 
-    async def _write_through(self, specs: Sequence[Spec]) -> None:
+    async def _write_through(self, specs: Sequence[Spec],
+                             deps: Sequence[tuple[list[str], str] | None] | None = None
+                             ) -> None:
         """Durability "sync": the admitted deferred jobs among ``specs``, read back from
         Valkey as :func:`echomq.floor.writethrough.write_through` reads them, are on the
         floor when this returns. The SQL runs on a worker thread."""
+        if durable.is_durable(self._plan.dial(), self.settings.durability):
+            # "durable": every job of the batch, one commit for the adds that share it
+            await durable.write_admitted_async(self.redis, self.keys, self.floor, specs,
+                                               deps)
+            return
         from echomq.floor.writethrough import scheduled_rows
 
         ids = deferred_ids(specs)
@@ -252,33 +355,65 @@ class Queue:
         rows = scheduled_rows(ids, hashes)
         await asyncio.to_thread(self.floor.write_through, self.keys.queue, rows)
 
+    async def _write_current(self, job_id: str) -> None:
+        """The asyncio side of :func:`echomq.floor.writethrough.write_current` (the SQL on
+        a worker thread)."""
+        from echomq.floor.writethrough import CURRENT_TRIES, current_row
+
+        with translated(self.where):
+            raw = await self.redis.hgetall(self.keys.job(job_id))
+        for _ in range(CURRENT_TRIES):
+            row = current_row(job_id, raw)
+            if row is None:
+                return
+            await asyncio.to_thread(self.floor.write_through, self.keys.queue, [row])
+            with translated(self.where):
+                again = await self.redis.hgetall(self.keys.job(job_id))
+            if again == raw:
+                return
+            raw = again
+
     async def _register(self) -> None:
         """Add this queue to the registry ``echomq queues`` reads (once per Queue)."""
         if not self._registered:
             with translated(self.where):
+                await protocol.aclaim(self.redis, self.keys)  # ProtocolMismatch before writes
+                self._protocol_read = True
                 await self.redis.sadd(REGISTRY, self.name)
             self._registered = True
+
+    async def _check_protocol(self) -> None:
+        """At first read: ProtocolMismatch for another MAJOR version (reads record nothing)."""
+        if not self._protocol_read:
+            with translated(self.where):
+                protocol.check(self.name, await self.redis.hget(self.keys.meta, protocol.FIELD))
+            self._protocol_read = True
 
     async def get(self, job_id: str) -> Job | None:
         """The job with this id, or None."""
         validate_job_id(job_id)
+        await self._check_protocol()
         with translated(self.where):
             raw = await self.redis.hgetall(self.keys.job(job_id))
         return Job.from_hash(self.name, raw) if raw else None  # type: ignore[arg-type]
 
     async def counts(self) -> dict[str, int]:
         """Jobs per state, as :meth:`echomq.Queue.counts`."""
+        await self._check_protocol()
         with translated(self.where):
             values = await evalsha(self.redis, scripts.COUNTS, scripts.counts_keys(self.keys),
                                    scripts.counts_args(self.keys))
         return SyncQueue._counts_of([int(v) for v in values])
 
     async def cancel(self, job_id: str) -> bool:
-        """Cancel a waiting or scheduled job; see :meth:`echomq.Queue.cancel`."""
+        """Cancel a waiting, scheduled or active job; see :meth:`echomq.Queue.cancel`."""
         validate_job_id(job_id)
         with translated(self.where):
             answer = await evalsha(self.redis, scripts.CANCEL, scripts.cancel_keys(self.keys),
                                    scripts.cancel_args(self.keys, job_id))
+            if int(answer) == scripts.Cancelled.ACTIVE:
+                answer = await evalsha(self.redis, stopping.STOP, stopping.stop_keys(self.keys),
+                                       stopping.stop_args(self.keys, job_id))
             done = scripts.Cancelled(int(answer)) is scripts.Cancelled.CANCELLED
             if done and self.floor is not None:  # the row goes before we return, as in Queue
                 rows = await asyncio.to_thread(self.floor.rows, self.name, [job_id])
@@ -288,6 +423,18 @@ class Queue:
                 if rows:
                     await asyncio.to_thread(self.floor.close_jobs, self.name, [job_id], None)
         return done
+
+    async def events(self, since: str = "0", block_s: float | None = 1.0
+                     ) -> AsyncIterator[Event]:
+        """The queue's job events; see :meth:`echomq.Queue.events`."""
+        async for event in events.aread(self.redis, self.keys, since, block_s):
+            yield event
+
+    async def set_events(self, enabled: bool, max_len: int | None = None) -> None:
+        """Turn the event stream on or off; see :meth:`echomq.Queue.set_events`."""
+        key, mapping = events.set_events(self.redis, self.keys, enabled, max_len)
+        with translated(self.where):
+            await self.redis.hset(key, mapping=mapping)
 
     async def pause(self) -> bool:
         """Stop handing out jobs; False if already paused. See :meth:`echomq.Queue.pause`."""
@@ -300,6 +447,11 @@ class Queue:
         with translated(self.where):
             return bool(await evalsha(self.redis, scripts.RESUME, scripts.resume_keys(self.keys),
                                       [self.keys.prefix]))
+
+    async def set_queue_limit(self, max_active: int | None = None, rate: int | None = None,
+                              per_s: float | None = None) -> None:
+        """Limit the whole queue; see :meth:`echomq.Queue.set_queue_limit`."""
+        await aiocontrol.set_queue_limit(self, limit_value(max_active, rate, per_s))
 
     async def set_lane_limit(self, lane: str, max_active: int | None = None,
                              rate: int | None = None, per_s: float | None = None) -> None:
@@ -315,6 +467,7 @@ class Queue:
 
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for the job's return value; see :meth:`echomq.Queue.result`."""
+        await self._check_protocol()
         with translated(self.where):
             if not self.cluster:
                 assert self._waiters is not None
@@ -400,10 +553,35 @@ async def evalsha(client: Any, script: scripts.LuaScript,
     """Run one script by SHA, loading it on NOSCRIPT (on a cluster: on the node owning
     the first key's slot, where the call goes)."""
     try:
+        if type(client) is redis.asyncio.Redis and client.connection is None:
+            return await _direct(client, script.sha, script.num_keys, keys, args)
         return await client.evalsha(script.sha, script.num_keys, *keys, *args)
     except redis.exceptions.NoScriptError:
         await load(client, script, keys[0] if keys else None)
         return await client.evalsha(script.sha, script.num_keys, *keys, *args)
+
+
+async def _direct(client: redis.asyncio.Redis, sha: str, num_keys: int, keys: Sequence[str],
+                  args: Sequence[scripts.Arg]) -> Any:
+    """One EVALSHA on a pooled connection without redis-py's per-command wrapping, as
+    :func:`echomq.scripts._direct` does for the sync client: a client whose calls
+    redis-py retries takes redis-py's own path; otherwise a connection or timeout error
+    closes the connection and is raised, the call never sent twice. A cancelled call
+    leaves no reply unread: redis-py closes a connection whose read or write an
+    exception interrupted."""
+    pool = client.connection_pool
+    conn = await pool.get_connection()
+    if conn.retry.get_retries():
+        await pool.release(conn)
+        return await client.evalsha(sha, num_keys, *keys, *args)
+    try:
+        await conn.send_command("EVALSHA", sha, num_keys, *keys, *args)
+        return await conn.read_response()
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        await conn.disconnect()
+        raise
+    finally:
+        await pool.release(conn)
 
 
 async def load(client: Any, script: scripts.LuaScript, key: str | None) -> None:
@@ -447,6 +625,35 @@ async def execute(client: Any,
         elif isinstance(reply, Exception) and raise_errors:
             raise reply
     return replies
+
+
+async def execute_atomically(client: Any, calls: Sequence[
+        tuple[scripts.LuaScript, Sequence[str], Sequence[scripts.Arg]]]) -> list[Any]:
+    """The asyncio twin of :func:`echomq.scripts.execute_atomically`: the calls of one
+    queue in one MULTI/EXEC (its node's, on a cluster), run again whole after a script
+    was loaded; a call's error is raised."""
+    target = client
+    if is_async_cluster(client):
+        target = node_client(client, await async_node_of(client, calls[0][1][0]))
+    distinct = list({script.sha: script for script, _, _ in calls}.values())
+    preload = distinct if len(distinct) > 1 else []  # see the sync twin
+    for attempt in range(2):
+        pipe = target.pipeline(transaction=True)
+        for script in preload:
+            pipe.script_load(script.source)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, script.num_keys, *keys, *args)
+        results = (await pipe.execute(raise_on_error=False))[len(preload):]
+        missing = [c for c, r in zip(calls, results, strict=True)
+                   if isinstance(r, redis.exceptions.NoScriptError)]
+        if not missing or attempt:
+            for r in results:
+                if isinstance(r, Exception):
+                    raise r
+            return list(results)
+        for script, keys, _ in missing:  # idempotent calls: the transaction runs again
+            await load(client, script, keys[0])
+    raise AssertionError("unreachable")
 
 
 async def _execute_on_nodes(client: Any, calls: Sequence[

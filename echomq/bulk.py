@@ -24,6 +24,7 @@ def add_many(jobs_by_queue: Mapping[str, Iterable[Sequence[Any] | Mapping[str, A
     queues = {name: Queue(name, redis=client, **settings) for name in jobs_by_queue}
     planned = {name: queues[name].specs(jobs) for name, jobs in jobs_by_queue.items()}
     specs = {name: plan[0] for name, plan in planned.items()}
+    on_floor = {name: bool(specs[name]) and queues[name].must_floor() for name in specs}
     calls = []
     for name in sorted(specs, key=lambda n: slot_of(queues[n].keys.prefix)):
         calls += queues[name].calls(specs[name])
@@ -35,5 +36,5 @@ def add_many(jobs_by_queue: Mapping[str, Iterable[Sequence[Any] | Mapping[str, A
             scripts.execute(client, calls)
     for name, queue in queues.items():
         if specs[name]:
-            queue.after_admit(specs[name], planned[name][1])
+            queue.after_admit(specs[name], planned[name][1], on_floor[name])
     return {name: [s[0] for s in specs[name]] for name in specs}

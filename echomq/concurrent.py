@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from echomq import aio, loops, scripts
+from echomq import aio, cancelwatch, loops, scripts
 from echomq.asynctwin import async_twin
 from echomq.backoff import retry_pause
 from echomq.connection import UNAVAILABLE_ERRORS
@@ -94,6 +94,7 @@ class ConcurrentDrain:
         # by (job id, token): a job claimed again after its old lease was reaped may run
         # twice here at once, and each run is its own
         self.in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.coroutines: set[tuple[str, str]] = set()  # in_flight keys of async handlers
         self.done: list[Outcome] = []  # finished, not settled yet
         self.resent: set[Outcome] = set()  # in done again after a round trip failed
         self.trips: set[asyncio.Task[None]] = set()  # round trips under way
@@ -114,6 +115,11 @@ class ConcurrentDrain:
         self._thread: threading.Thread | None = None
 
     # --- control (any thread) --------------------------------------------------------
+
+    def check_cancels(self) -> None:
+        """A job held here may have been cancelled: cancel the coroutines and drop the
+        unstarted jobs whose tokens went stale (any thread; see echomq.cancelwatch)."""
+        self._call(lambda: self.loop.create_task(cancelwatch.stale_check(self)))
 
     def poke(self) -> None:
         """Work may be waiting: claim into the free slots."""
@@ -476,7 +482,8 @@ class ConcurrentDrain:
                             o.job_id)
             elif code is Settled.STALE:
                 log.warning("queue %s: job %s settled with a stale lease token (its lease "
-                            "expired and it was handed out again); result not recorded",
+                            "expired and it was handed out again, or it was cancelled while "
+                            "running); result not recorded",
                             self.lanes.keys.queue, o.job_id)
         self.hooks.after_settle(outcomes, codes)
 
@@ -532,9 +539,12 @@ class ConcurrentDrain:
             self.done.append(prepared)
             return
         job, fn = prepared
-        self.hooks.on_start(claimed, in_thread=not is_async(fn))
+        in_thread = not is_async(fn)
+        self.hooks.on_start(claimed, in_thread=in_thread)
         task = self.loop.create_task(self._run_one(claimed, job, fn))
         self.in_flight[claimed.id, claimed.token] = task
+        if not in_thread:
+            self.coroutines.add((claimed.id, claimed.token))
         self.alone = claimed.alone
 
     async def _run_one(self, claimed: Claimed, job: Any, fn: Callable[..., Any]) -> None:
@@ -546,6 +556,7 @@ class ConcurrentDrain:
             outcome = self.runner.failed(claimed, exc, None)
         finally:
             given_up = self.in_flight.pop((claimed.id, claimed.token), None) is None
+            self.coroutines.discard((claimed.id, claimed.token))
             if claimed.alone and not given_up:
                 self.alone = False
         if given_up:  # handed back counting a stall (give_up): its outcome is not ours

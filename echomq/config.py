@@ -9,7 +9,7 @@ from typing import Any
 from echomq.backoff import Backoff
 from echomq.errors import ConfigError
 
-DURABILITIES = ("volatile", "folded", "sync")
+DURABILITIES = ("volatile", "folded", "sync", "durable")
 DOORBELLS = ("list", "marker")  # what consumers park on: BLPOP wake, or BZPOPMIN marker
 # how long a stop lets running jobs finish (the supervisor's --drain-timeout, a standalone
 # Consumer's drain_timeout): below Kubernetes' default 30 s grace period

@@ -42,7 +42,7 @@ from typing import Any
 import redis
 import redis.exceptions
 
-from echomq import loops, scripts
+from echomq import logcontext, loops, protocol, scripts
 from echomq.backoff import retry_pause
 from echomq.concurrent import ConcurrentDrain
 from echomq.config import DEFAULT_DRAIN_TIMEOUT_S, QueueSettings
@@ -52,8 +52,10 @@ from echomq.errors import ConfigError
 from echomq.job import Claimed
 from echomq.lanes import Lanes, Outcome, record_lane_limit
 from echomq.queue import Queue
+from echomq.reapgrace import ReapGrace
 from echomq.runner import HandlerLike, Runner
 from echomq.scripts import Settled
+from echomq.stoplistener import StopListener
 from echomq.wake import Doorbell, claim_doorbell
 
 log = logging.getLogger("echomq.consumer")
@@ -65,7 +67,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class Consumer:
     """Runs ``handler(job)`` for the jobs of one queue until :meth:`stop` (or SIGINT or
     SIGTERM while :meth:`run` has the main thread). ``drain_timeout``: how long a stop
-    lets running jobs finish before they go back counting a stall (default 25 s)."""
+    lets running jobs finish before they go back counting a stall (default 25 s).
+    ``middleware``: :class:`echomq.Middleware` instances around each job (default: those
+    of the Queue given, if any)."""
 
     def __init__(
         self,
@@ -80,6 +84,7 @@ class Consumer:
         job_timeout: float | None = None,
         drain_timeout: float | None = None,
         settings: QueueSettings | None = None,
+        middleware: Sequence[Any] | None = None,
         **overrides: Any,
     ) -> None:
         self.drain_timeout = DEFAULT_DRAIN_TIMEOUT_S if drain_timeout is None else \
@@ -103,8 +108,10 @@ class Consumer:
             self.queue = Queue(queue, redis_url, redis=redis, settings=settings, **overrides)
         self.settings = self.queue.settings
         self.lanes = Lanes(self.queue.redis, self.queue.keys, self.settings)
+        if middleware is None:  # a Queue given with middleware lends it
+            middleware = queue.middleware if isinstance(queue, Queue) else ()
         self.runner = Runner(self.queue.name, handler, self.settings,
-                             progress=self.lanes.progress)
+                             progress=self.lanes.progress, middleware=middleware)
         self.processed = 0
         self._stopping = False
         self._stop_r, self._stop_w = os.pipe()
@@ -113,6 +120,7 @@ class Consumer:
         self._held: dict[str, str] = {}
         self._running: set[tuple[str, str]] = set()  # (id, token) of the jobs running now
         self._held_lock = threading.Lock()
+        self._grace = ReapGrace(self.settings.lease_ms / 1000)  # fed by the heartbeat too
         self._stop_deadline: float | None = None  # monotonic; set by the first stop
         self._signalled = False  # a stop signal came while run() had its handlers in place
         self._cut = False  # past the drain timeout, or stopped at once: give up running jobs
@@ -163,6 +171,7 @@ class Consumer:
         claimed_bell = False
         beat_s = self.settings.beat_ms / 1000
         lease_s = self.settings.lease_ms / 1000
+        grace = self._grace
         heartbeat = threading.Thread(target=self._heartbeat, name="echomq-heartbeat", daemon=True)
         heartbeat_stop = threading.Event()
         self._heartbeat_stop = heartbeat_stop
@@ -170,21 +179,29 @@ class Consumer:
         if self._concurrent:
             self._pool = ConcurrentDrain(self.lanes, self.runner, self, self.settings.concurrency)
             self._pool.start()
+            listener = StopListener(self.queue.redis, keys, self._on_cancel, beat_s,
+                                    self._check_cancels).start()
         next_promote = next_reap = 0.0  # monotonic deadlines; 0 = now
         failures = 0
         work = True  # drain on the first pass, then only when a ring or the pump found work
+        logcontext.install()  # the running job's id, queue, lane, attempt on log records
         taken = self._take_signals()
         try:
             while not self._stopping:
                 try:
                     if failures:
                         scripts.load_all(self.queue.redis, keys.prefix)
+                        grace.answered(time.monotonic())
                     if not claimed_bell:  # refuses (DoorbellMismatch) a queue of the other kind
+                        protocol.claim(self.queue.redis, keys)  # and one of another major
                         claim_doorbell(self.queue.redis, keys, doorbell.kind)
                         if self.queue.settings.lane_limit is not None:
                             record_lane_limit(self.queue.redis, keys,
                                               self.queue.settings.lane_limit)
                         claimed_bell = True
+                    # leases that ran out in an outage belong to running jobs: no reap
+                    # before their holders had a lease period to extend them (reapgrace.py)
+                    next_reap = grace.hold(next_reap)
                     now = time.monotonic()
                     if now >= next_reap:
                         next_reap, requeued = self._reap(lease_s)
@@ -223,13 +240,14 @@ class Consumer:
                     work |= rung
                 except UNAVAILABLE_ERRORS as exc:
                     failures += 1
+                    grace.failed(time.monotonic())
                     doorbell.reset()
                     wait = retry_pause(failures, MAX_RECONNECT_WAIT_S, doublings=7)
                     log.warning("queue %s: server unreachable (%s); retrying in %.2fs",
                                 self.queue.name, exc, wait)
                     # wait on the stop pipe: stop() ends the wait at once
                     select.select([self._stop_r], [], [], wait)
-                    next_promote = next_reap = 0.0
+                    next_promote = 0.0
                     work = True
             if self._pool is None and self._drainer.pending:
                 self._settle_pending()
@@ -244,6 +262,7 @@ class Consumer:
                 raise
         finally:
             if self._pool is not None:
+                listener.close()
                 self._pool.stop()
                 self._finish_pool(self._pool)
             heartbeat_stop.set()
@@ -252,6 +271,20 @@ class Consumer:
             self._give_back_signals(taken)
             self._running.clear()
         return self.processed
+
+    def _on_cancel(self, job_id: str) -> None:
+        """A job was cancelled while running: if this consumer holds it, the pool cancels
+        its coroutine (a sync handler stops at its next ``job.progress()``)."""
+        with self._held_lock:
+            mine = job_id in self._held
+        if mine and self._pool is not None:
+            self._pool.check_cancels()
+
+    def _check_cancels(self) -> None:
+        """The stop subscription is (again) in place: check every held job, for a cancel
+        published while it was down."""
+        if self._pool is not None:
+            self._pool.check_cancels()
 
     def _reap(self, lease_s: float) -> tuple[float, bool]:
         """Reap expired leases: (next reap deadline, whether jobs were requeued)."""
@@ -454,9 +487,15 @@ class Consumer:
                         self.queue.name)
 
     def _heartbeat(self) -> None:
-        """Extend the leases in hand every third of a lease period."""
+        """Extend the leases in hand every third of a lease period; after a failure, try
+        again a beat later, so the leases are extended and the outage measured (for the
+        reap's grace, reapgrace.py) within a beat of the server's return. Seen from here,
+        an outage the main loop does not see (it runs a job) holds its next reap too."""
         interval = self.settings.lease_ms / 3000
-        while not self._heartbeat_stop.wait(interval):
+        retry = min(interval, self.settings.beat_ms / 1000)
+        wait, failing = interval, False
+        while not self._heartbeat_stop.wait(wait):
+            wait = interval
             with self._held_lock:
                 held = list(self._held.items())
             if not held:
@@ -464,7 +503,13 @@ class Consumer:
             try:
                 self.lanes.extend(held)
             except UNAVAILABLE_ERRORS as exc:
-                log.warning("queue %s: lease extension failed: %s", self.queue.name, exc)
+                self._grace.failed(time.monotonic())
+                if not failing:  # once an outage
+                    log.warning("queue %s: lease extension failed: %s", self.queue.name, exc)
+                wait, failing = retry, True
+            else:
+                self._grace.answered(time.monotonic())
+                failing = False
 
     def _drain_stop_pipe(self) -> None:
         try:

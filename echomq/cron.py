@@ -215,7 +215,7 @@ def remove_keys(k: Keys) -> list[str]:
 
 def fire_keys(k: Keys) -> list[str]:
     """KEYS of cron_fire.lua, in its header's order."""
-    return [k.crons, k.cronlast, k.ring, k.wake, k.spilled, k.stats, k.paused]
+    return [k.crons, k.cronlast, k.ring, k.wake, k.spilled, k.stats, k.paused, k.events]
 
 
 def restore_keys(k: Keys) -> list[str]:

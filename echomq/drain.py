@@ -22,6 +22,10 @@ from echomq.scripts import Settled
 
 log = logging.getLogger("echomq.drain")
 
+# while a batch runs, what has finished is settled this often beside it (a round trip on a
+# thread): a result or a dependent waits no longer for a slow job of the same batch
+EARLY_SETTLE_S = 0.02
+
 
 class DrainHooks(Protocol):
     def stop_requested(self) -> bool:
@@ -80,6 +84,9 @@ class Drain:
         # turned off by an owner that must read a settle's reply before the next job
         # starts (durability "sync" writes retries through) or must not claim past a limit
         self.send_ahead = lanes.can_send_ahead()
+        # False where a retry's settle must be followed by its write-through before the next
+        # job starts (durability "sync"): the batch's early settles stop at a retry
+        self.retries_early = True
 
     def run(self) -> None:
         """Drain until a claim is empty or a stop is requested. Network errors and server
@@ -159,13 +166,42 @@ class Drain:
                    ) -> list[tuple[str, str]] | None:
         """Run the batch's jobs, appending their outcomes; at a stop request, the (id,
         token) pairs of the jobs not started (None when every job ran)."""
-        for i, claimed in enumerate(batch):
-            if self.hooks.stop_requested():
-                return [(c.id, c.token) for c in batch[i:]]
-            self.hooks.on_start(claimed)
-            outcomes.append(self._run(claimed, outcomes))
-            self.hooks.on_finish(claimed)
-        return None
+        early = len(batch) > 1 or bool(outcomes)  # something may finish before a slow job
+        if early:
+            self.early.arm(outcomes, self._early_every(batch), retries=self.retries_early)
+        try:
+            for i, claimed in enumerate(batch):
+                if self.hooks.stop_requested():
+                    return [(c.id, c.token) for c in batch[i:]]
+                self.hooks.on_start(claimed)
+                outcomes.append(self.runner.run(claimed))
+                self.hooks.on_finish(claimed)
+            return None
+        finally:
+            if early:
+                done, codes = self.early.disarm()
+                if done:
+                    settled = outcomes[:done]
+                    del outcomes[:done]
+                    try:
+                        self._settled(settled, codes)
+                    except BaseException:
+                        # a hook failed (a write-through could not read the server): the
+                        # outcomes finished after them are kept, settled first next call
+                        self.pending = list(outcomes)
+                        raise
+
+    def _early_every(self, batch: Sequence[Claimed]) -> float:
+        """How often the outcomes finished while ``batch`` runs are settled beside it:
+        :data:`EARLY_SETTLE_S`, or half the shortest time limit in the batch (a process
+        ended at its limit must take no finished outcome with it)."""
+        every = EARLY_SETTLE_S
+        default = self.lanes.settings.job_timeout
+        for c in batch:
+            limit = c.timeout if c.timeout is not None else default
+            if limit and limit < 2 * every:
+                every = limit / 2
+        return every
 
     def _send_ahead(self, batch: Sequence[Claimed], carried: list[Outcome]) -> Ahead | None:
         """Settle ``carried`` and claim the next batch now, unless the jobs are slow (one
@@ -287,24 +323,6 @@ class Drain:
             self.hooks.on_unstarted(rest)
         self.settle(outcomes)
 
-    def _run(self, claimed: Claimed, finished: list[Outcome]) -> Outcome:
-        """Run one job; past half its time limit, the ``finished`` outcomes before it are
-        settled meanwhile (and taken out of the list), since its process may be ended at
-        that limit."""
-        limit = claimed.timeout if claimed.timeout is not None else \
-            self.lanes.settings.job_timeout
-        if not (finished and limit):
-            return self.runner.run(claimed)
-        self.early.arm(finished, limit / 2)
-        try:
-            return self.runner.run(claimed)
-        finally:
-            settled = self.early.disarm()
-            if settled is not None:
-                done, codes = settled
-                del finished[:len(done)]
-                self._settled(done, codes)
-
     def settle(self, outcomes: Sequence[Outcome], resent: bool = False) -> None:
         """Settle without claiming more (keeps them pending if the server is unreachable or
         refuses writes). ``resent``: they went out before and the reply was lost."""
@@ -328,6 +346,7 @@ class Drain:
                             o.job_id)
             else:
                 log.warning("queue %s: job %s settled with a stale lease token (its lease "
-                            "expired and it was handed out again); result not recorded",
+                            "expired and it was handed out again, or it was cancelled while "
+                            "running); result not recorded",
                             self.lanes.keys.queue, o.job_id)
         self.hooks.after_settle(outcomes, codes)

@@ -66,6 +66,11 @@ class MissingExtra(EchoMQError, ImportError):
     """A feature's optional dependencies are not installed; the message names the extra."""
 
 
+class ProtocolMismatch(EchoMQError):
+    """The queue's meta records a wire protocol of another MAJOR version than this
+    client's (docs/protocol.md); nothing was sent."""
+
+
 class JobFailed(EchoMQError):
     """``Queue.result`` found the job dead; ``.error`` holds its last error (the traceback text)."""
 
@@ -82,3 +87,17 @@ class JobNotFound(EchoMQError, LookupError):
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "(no error text)"
+
+
+class OutboxError(EchoMQError, ValueError):
+    """``tx=``: not a SQLAlchemy Connection/Session (sync or async), or its database has no
+    outbox table (run ``echomq-supervisor migrate``); nothing was written."""
+
+
+class UnknownDependency(EchoMQError, LookupError):
+    """A job named a dependency (``after=``) that does not exist; nothing was admitted."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"unknown dependency {job_id!r}: no such job in this queue "
+                         "(nothing was admitted)")
+        self.job_id = job_id

@@ -16,6 +16,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "supervisor": ("sqlalchemy", "alembic", "psutil", "croniter"),
     "floor": ("sqlalchemy", "alembic"),
     "cron": ("croniter",),
+    "sentry": ("sentry_sdk",),
 }
 
 

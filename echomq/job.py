@@ -10,7 +10,7 @@ from typing import Any
 from echomq.config import MAX_PAYLOAD_DEPTH
 from echomq.errors import CorruptJob, PayloadError
 
-STATES = ("waiting", "scheduled", "active", "completed", "dead", "cancelled")
+STATES = ("waiting", "scheduled", "active", "completed", "dead", "cancelled", "blocked")
 CLAIM_FIELDS = 12  # values per job returned by claim.lua
 
 
@@ -68,10 +68,36 @@ class Job:
     progress: Any = None
     priority: int = 0
     spilled: bool = False
+    # dependencies (docs/workflows.md): the ids this job waits for, and those waiting for it
+    after: tuple[str, ...] = ()
+    dependents: tuple[str, ...] = ()
+    _results_of: Any = field(default=None, repr=False, compare=False)
+    batch: list[Any] | None = field(default=None, repr=False)  # a debounced job's payloads
+    load_batch: Any = field(default=None, repr=False, compare=False)
+
+    def bind_dependencies(self, read: Any) -> None:
+        """Inside a handler: ``job.dependency_results()`` calls ``read(job_id)``."""
+        self._results_of = read
+
+    def dependency_results(self) -> dict[str, Any]:
+        """Inside a handler: ``{dependency id: result}`` of the jobs this one waited for
+        (``after=``) that completed, in the order given (one read from the server)."""
+        if self._results_of is None:
+            raise RuntimeError("dependency_results() reads the server: call it inside a "
+                               "handler (Queue.get(...).after lists the ids)")
+        return dict(self._results_of(self.id))
 
     def bind_progress(self, report: Any) -> None:
         """Inside a handler: ``job.progress(value)`` calls ``report(value)``."""
         self.progress = report
+
+    @property
+    def payloads(self) -> list[Any]:
+        """Every payload a debounced job gathered, in the order added (``payload`` is the
+        last); ``[payload]`` for any other job. Inside a handler, read on first use."""
+        if self.batch is None and self.load_batch is not None:
+            self.batch = self.load_batch()
+        return list(self.batch) if self.batch is not None else [self.payload]
 
     @classmethod
     def from_hash(cls, queue: str, raw: dict[bytes, bytes] | dict[str, str], *,
@@ -129,6 +155,9 @@ class Job:
             progress=progress,
             priority=_int(h.get("priority")),
             spilled=h.get("spilled") == "1",
+            after=tuple((h.get("after") or "").split()),
+            dependents=tuple((h.get("dependents") or "").split()),
+            batch=_batch(h.get("payloads")),
         )
 
 
@@ -246,13 +275,17 @@ def payload_depth(data: bytes) -> int:
     return passes + max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
+# json.dumps with these arguments, its encoder made once (dumps builds one per call)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def encode_json(value: Any, what: str, max_bytes: int, max_depth: int, *,
                 bytes_setting: str = "", depth_setting: str = "") -> str:
     """JSON text of ``value`` (``what`` names it in errors: "payload", "progress") of at
     most ``max_bytes`` of UTF-8, nested at most ``max_depth`` deep so that any consumer
     can decode it; PayloadError otherwise, naming the limit (and the setting holding it)."""
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _ENCODER.encode(value)
     except RecursionError:  # deeper than the encoder goes, so past any limit
         raise PayloadError(f"{what} is nested too deep to encode, over the limit of "
                            f"{max_depth} levels{_named(depth_setting)}") from None
@@ -286,7 +319,8 @@ def decode_payload(queue: str, job_id: str, text: str) -> Any:
     Text nested past what any admit lets through is refused before the decoder sees it,
     so decoding never runs near the interpreter's recursion limit (where a finalizer that
     runs meanwhile could fail in turn)."""
-    if (text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH
+    if (len(text) > MAX_PAYLOAD_DEPTH  # shorter text holds fewer brackets than the limit
+            and text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH
             and payload_depth(text.encode(errors="surrogatepass")) > MAX_PAYLOAD_DEPTH):
         raise CorruptJob(f"job {job_id!r} in queue {queue!r} has a payload nested too deep to "
                          f"decode (more than {MAX_PAYLOAD_DEPTH} levels)")
@@ -295,3 +329,14 @@ def decode_payload(queue: str, job_id: str, text: str) -> Any:
     except ValueError as exc:
         raise CorruptJob(f"job {job_id!r} in queue {queue!r} has a payload that is not JSON: {exc}"
                          ) from None
+
+
+def _batch(text: str | None) -> list[Any] | None:
+    """A debounced job's "payloads" field (a JSON array), None when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, list) else None

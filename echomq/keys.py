@@ -44,7 +44,7 @@ class Keys:
         "queue", "prefix", "ring", "leases", "schedule", "wake", "dead", "completed",
         "stats", "meta", "fold", "closed", "tokens", "epoch", "leader", "fence", "acks", "spilled",
         "marker", "paused", "cancelled", "crons", "cronlast", "limits", "active", "blocked",
-        "lanewake", "prios",
+        "lanewake", "prios", "waitdeps", "events",
     )
 
     def __init__(self, queue: str) -> None:
@@ -79,6 +79,8 @@ class Keys:
         self.blocked = p + "blocked"  # "<priority>|<lane>": lanes taken off a ring at a limit
         self.lanewake = p + "lanewake"  # rate-limited lanes by the time their window opens
         self.prios = p + "prios"  # priority levels above 0 in use
+        self.waitdeps = p + "waitdeps"  # blocked jobs (waiting for dependencies) by created ms
+        self.events = p + "events"  # capped stream of job events (docs/observability.md)
 
     def ring_of(self, priority: int = 0) -> str:
         """The ring of one priority level (level 0 is the plain ring)."""

@@ -14,6 +14,7 @@ from echomq.connection import is_cluster
 from echomq.job import Claimed, encode_json, parse_claimed
 from echomq.keys import Keys
 from echomq.scripts import Settled
+from echomq.stopping import JobCancelled
 
 MAX_PROGRESS_BYTES = 16 * 1024
 MIN_POOL_AHEAD = 8  # the smallest connection pool a drain sends requests ahead on
@@ -195,8 +196,17 @@ class Lanes:
         text = encode_json(value, "progress", MAX_PROGRESS_BYTES,
                            self.settings.max_payload_depth,
                            depth_setting="QueueSettings.max_payload_depth")
-        return scripts.progress(self.client, self.keys, self.settings.lease_ms, job_id, token,
-                                text)
+        recorded = scripts.progress(self.client, self.keys, self.settings.lease_ms, job_id,
+                                    token, text)
+        if not recorded and self.client.hget(self.keys.job(job_id), "state") == b"cancelled":
+            raise JobCancelled(job_id)  # ends the handler: the job was cancelled while running
+        return recorded
+
+    def dependency_results(self, job_id: str) -> dict[str, Any]:
+        """{dependency id: result} of a job's completed dependencies (echomq.depend)."""
+        from echomq.depend import read_results
+
+        return read_results(self.client, self.keys, job_id)
 
     def rings_hold_lanes(self) -> bool:
         """True when the queue is not paused and a ring (of any priority) still holds a

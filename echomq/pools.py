@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio
 
+from echomq.config import QueueSettings
 from echomq.connection import DEFAULT_URL, client_from_url
 
 if TYPE_CHECKING:
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 ENV_URL = "ECHOMQ_REDIS_URL"
 
 _configured_url: str | None = None
+_defaults = QueueSettings()
 _pid = os.getpid()
 _clients: dict[str, redis.Redis] = {}
 _queues: dict[tuple[str, str], Queue] = {}
@@ -38,13 +41,24 @@ _aio_queues: weakref.WeakKeyDictionary[_Loop, dict[tuple[str, str], aio.Queue]] 
     weakref.WeakKeyDictionary())
 
 
-def configure(*, redis_url: str | None = None) -> None:
+def configure(*, redis_url: str | None = None,
+              defaults: Mapping[str, Any] | None = None) -> None:
     """Set this process's default server: where ``Queue``, ``aio.Queue``, tasks and results
     given no ``redis_url`` of their own connect (None: ``ECHOMQ_REDIS_URL``, else the local
-    default). Queues made before the call keep the server they were made with."""
-    global _configured_url
+    default), and ``defaults``: :class:`~echomq.QueueSettings` fields (``max_attempts``,
+    ``backoff``, ``keep_completed``...) of every queue made without ``settings=`` (its own
+    keyword arguments still win). Queues made before the call keep what they were made
+    with. An unknown or invalid setting raises ConfigError and changes nothing."""
+    global _configured_url, _defaults
+    settings = QueueSettings().with_overrides(**dict(defaults or {}))
     _configured_url = redis_url
+    _defaults = settings
     _forget()
+
+
+def default_settings() -> QueueSettings:
+    """The settings :func:`configure` gave every queue made without its own."""
+    return _defaults
 
 
 def default_url() -> str:

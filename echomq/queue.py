@@ -10,14 +10,29 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import redis
+import redis.exceptions
 
-from echomq import cron, pools, results, scripts
-from echomq.admit import AdmitPlanner, Call, Spec, deferred_ids, has_deferred
+from echomq import (
+    cron,
+    debouncing,
+    deferral,
+    depend,
+    durable,
+    events,
+    expiry,
+    pools,
+    protocol,
+    queuelimit,
+    results,
+    scripts,
+    stopping,
+)
+from echomq.admit import AdmitPlanner, Call, Spec, added, deferred_ids, has_deferred, refuse_mixed
 from echomq.backoff import Backoff
 from echomq.config import MAX_LIMIT, QueueSettings
 from echomq.connection import (
@@ -30,8 +45,11 @@ from echomq.connection import (
     wait_replicas,
 )
 from echomq.errors import CorruptJob, FloorError, NotReplicated
+from echomq.events import Event
 from echomq.job import STATES, Job
 from echomq.keys import REGISTRY, Keys, validate_job_id, validate_name
+from echomq.middleware import hooks_of
+from echomq.tracing import note_message_id, producer_span
 
 REPLICA_WAIT_MS = 1000  # durability "sync": how long an admit waits for a replica's ack
 PURGE_BATCH = 1000  # jobs per purge call: one call stays short
@@ -43,7 +61,9 @@ class Queue:
 
     ``Queue("emails", redis_url="redis://...")`` or ``Queue("emails", redis=client)``.
     Settings come from ``settings=QueueSettings(...)`` and/or keyword overrides
-    (``Queue("q", max_payload_bytes=4096)``).
+    (``Queue("q", max_payload_bytes=4096)``). ``floor=``: an ``echomq.floor.Floor`` or a
+    floor URL, for the "sync" and "durable" dials (``durability="durable"``: every job is
+    on the floor before ``add``/``add_many`` returns; docs/durability.md).
     """
 
     _waiters: redis.ConnectionPool | None  # result() parks on these; made on first use
@@ -56,12 +76,17 @@ class Queue:
         redis: redis.Redis | None = None,
         settings: QueueSettings | None = None,
         floor: Any = None,
+        middleware: Sequence[Any] = (),
         **overrides: Any,
     ) -> None:
         self.name = validate_name(name)
-        # an echomq.floor.Floor: when the queue's dial is "sync", add() writes deferred jobs to it
-        self.floor = floor
-        self.settings = (settings or QueueSettings()).with_overrides(**overrides)
+        # an echomq.floor.Floor (or its URL): when the queue's dial is "sync", add() writes
+        # deferred jobs to it; "durable": every job (echomq.durable)
+        self.floor = durable.as_floor(floor)
+        # echomq.Middleware: before_add here; a Consumer given this Queue runs the others
+        self.middleware = list(middleware)
+        self._hooks = hooks_of(self.middleware)
+        self.settings = (settings or pools.default_settings()).with_overrides(**overrides)
         # what an admit sends, built without I/O (shared with echomq.aio.Queue)
         self.planner = AdmitPlanner(self.name, self.settings)
         self.keys = self.planner.keys
@@ -74,6 +99,7 @@ class Queue:
             self.redis = client_from_url(url)
             self.where = redact_url(url)
         self._registered = False
+        self._protocol_read = False  # the meta's protocol version was read and accepted
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, {self.where})"
@@ -94,37 +120,157 @@ class Queue:
         timeout: float | None = None,
         dedup_s: float | None = None,
         priority: int = 0,
+        tx: Any = None,
+        after: Iterable[str] | None = None,
+        on_dep_failure: str = "fail",
+        expires: float | datetime | None = None,
+        debounce: str | None = None,
+        debounce_s: float | None = None,
+        debounce_max_s: float | None = None,
     ) -> str:
         """Admit one job and return its id (the same id again for a repeated ``job_id``).
+
+        ``tx``: a SQLAlchemy Connection or Session: the job is written into the outbox
+        table in its transaction and admitted after it commits (never, on a rollback).
 
         ``timeout``: the job's time limit in seconds (overrides the consumer's job_timeout).
         ``dedup_s``: the id stays reserved that long after the job completes, whatever the
         completed retention. ``priority``: 0 to 9, higher first across the queue (lanes
         stay round-robin within one priority); ValueError otherwise, nothing admitted.
+        ``after``: ids of jobs of this queue this one waits for (state ``blocked`` until
+        every one completed; ``on_dep_failure`` "fail": dead when one dies or is cancelled,
+        "run": runs anyway); UnknownDependency for an id that does not exist, nothing
+        admitted. See docs/workflows.md.
+        ``expires``: seconds or an aware datetime; not started by then, the job never
+        runs (state ``cancelled``, error "expired"). ``debounce``: see docs/control.md.
+        ``tx``, ``after``, ``expires`` and ``debounce`` do not combine (ValueError, or
+        InvalidSchedule for ``expires`` with ``debounce``; nothing admitted).
         """
-        spec = self.planner.spec(name, payload, lane, delay, run_at, job_id, max_attempts,
-                                 backoff, timeout, dedup_s, priority)
-        sync = self._must_sync([spec])
-        [(script, keys, args)] = self.planner.calls([spec])
-        with translated(self.where):
-            self.register()
-            script(self.redis, keys, args)
-        self.after_admit([spec], sync)
+        debounced = debounce is not None or debounce_s is not None or debounce_max_s is not None
+        refuse_mixed(tx is not None, after is not None or on_dep_failure != "fail",
+                     expires is not None, debounced)
+        with producer_span(self.name, "add") as span:
+            if debounced:  # at once, even in a deferring transaction: the server picks the id
+                if self._hooks is not None:
+                    self._hooks.before_add(self.name, None, name, payload)
+                # a debounced job is a deferred one: "sync" and "durable" keep it on the floor
+                keep = self.must_floor() or self.floor_sync(self._dial())
+                jid = debouncing.add(self, name, payload, debounce, debounce_s, debounce_max_s,
+                                     lane=lane, delay=delay, run_at=run_at, job_id=job_id,
+                                     max_attempts=max_attempts, backoff=backoff,
+                                     timeout=timeout, dedup_s=dedup_s, priority=priority,
+                                     expires=expires)
+                if keep:  # its row rewritten by every add it gathers
+                    self._write_current(jid)
+                note_message_id(span, jid)
+                return jid
+            until = None if expires is None else expiry.expires_arg(expires)
+            spec = self.planner.spec(name, payload, lane, delay, run_at, job_id, max_attempts,
+                                     backoff, timeout, dedup_s, priority)
+            if self._hooks is not None:
+                self._hooks.before_add(self.name, spec[0], name, payload)
+            note_message_id(span, spec[0])
+            if tx is not None:
+                durable.to_outbox(tx, self.name, [spec])
+                return spec[0]
+            plain = until is None and after is None and on_dep_failure == "fail"
+            if plain and deferral.outboxer is not None and deferral.outboxed(self.name, [spec]):
+                durable.note_outboxed([spec[0]])  # a framework's transaction (echomq.deferral)
+                return spec[0]
+            deps = None
+            if after is not None or on_dep_failure != "fail":
+                deps = [(depend.dependencies([] if after is None else after, on_dep_failure),
+                         on_dep_failure)]
+
+            def send() -> None:
+                if deps is None:
+                    self.admit([spec], until)
+                else:
+                    self.add_blocked([spec], deps)
+
+            # a framework's deferrer (echomq.deferral) may take it to run at its commit
+            if deferral.deferrer is None or not deferral.deferred(send):
+                send()
         return spec[0]
 
-    def add_many(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]) -> list[str]:
+    def add_many(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]], *,
+                 tx: Any = None) -> list[str]:
         """Admit many jobs in one round trip; each is ``(name, payload)``,
         ``(name, payload, options)`` or a mapping of :meth:`add`'s arguments.
 
         Every job is validated before anything is sent, so a bad one admits none.
+        ``tx``: as for :meth:`add`, all of them in that transaction. A job's ``expires``
+        option is :meth:`add`'s (not with ``tx`` or dependencies in the same call).
         """
-        specs = self.planner.specs(jobs)
-        if specs:
-            sync = self._must_sync(specs)
-            with translated(self.where):
-                self.register()
-                scripts.execute(self.redis, self.planner.calls(specs))
-            self.after_admit(specs, sync)
+        jobs, deps = depend.split(jobs)  # (echomq.depend)
+        with producer_span(self.name, "add_many", len(jobs)):
+            expiries: dict[int, int] = {}
+            specs = self.planner.specs(jobs, expiries)
+            blocked = any(d is not None for d in deps)
+            if expiries:
+                refuse_mixed(tx is not None, blocked, True)
+            if self._hooks is not None:
+                for job_id, name, payload in added(specs):
+                    self._hooks.before_add(self.name, job_id, name, payload)
+            if specs and tx is not None:
+                refuse_mixed(tx=True, after=blocked)
+                durable.to_outbox(tx, self.name, specs)
+            elif specs:
+                if not blocked and not expiries and deferral.outboxed(self.name, specs):
+                    durable.note_outboxed([s[0] for s in specs])
+                    return [s[0] for s in specs]
+
+                def send() -> None:
+                    if blocked:
+                        self.add_blocked(specs, deps)
+                    else:
+                        self.admit(specs, expiries=expiries)
+
+                if not deferral.deferred(send):
+                    send()
+        return [s[0] for s in specs]
+
+    def admit(self, specs: Sequence[Spec], until: int | None = None,
+              expiries: Mapping[int, int] | None = None) -> None:
+        """Send jobs validated by :meth:`specs` (what ``add_many`` does once they are);
+        ``until``: the one job's expiry, ``expiries``: some jobs' expiries by their index
+        in ``specs``, marked in the same transaction as their admit."""
+        if not specs:
+            return
+        marks = dict(expiries or {})
+        if until is not None:
+            marks[0] = until
+        sync = self._must_sync(specs)
+        on_floor = self.must_floor()
+        with translated(self.where):
+            self.register()
+            if marks:
+                for group in self.planner.marked_calls(specs, marks):
+                    scripts.execute_atomically(self.redis, group)
+            elif len(calls := self.planner.calls(specs)) == 1:
+                script, keys, args = calls[0]
+                script(self.redis, keys, args)
+            else:
+                scripts.execute(self.redis, calls)
+        self.after_admit(specs, sync, on_floor)
+
+    def add_blocked(self, specs: Sequence[Spec],
+                    deps: Sequence[tuple[list[str], str] | None]) -> list[str]:
+        """Admit validated jobs, some with dependencies (``deps``, None for a job without),
+        in one round trip; UnknownDependency admits none."""
+        calls = depend.plan(self.keys, specs, deps, self.planner.calls)
+        sync = self._must_sync(specs)
+        on_floor = self.must_floor()
+        with translated(self.where):
+            self.register()
+            try:
+                if len(calls) == 1:
+                    scripts.execute(self.redis, calls)
+                else:  # whole before any of its jobs can run and end (retention included)
+                    scripts.execute_atomically(self.redis, calls)
+            except redis.exceptions.ResponseError as exc:
+                raise depend.translate(exc) from None
+        self.after_admit(specs, sync, on_floor, deps)
         return [s[0] for s in specs]
 
     def specs(self, jobs: Iterable[Sequence[Any] | Mapping[str, Any]]
@@ -134,12 +280,32 @@ class Queue:
         specs = self.planner.specs(jobs)
         return specs, bool(specs) and self._must_sync(specs)
 
-    def after_admit(self, specs: Sequence[Spec], floor_sync: bool) -> None:
+    def after_admit(self, specs: Sequence[Spec], floor_sync: bool,
+                    every_job: bool = False,
+                    deps: Sequence[tuple[list[str], str] | None] | None = None) -> None:
         """Durability "sync": the admits are on a replica (on a cluster) and deferred jobs
-        on the floor (``floor_sync``, from :meth:`specs`)."""
+        on the floor (``floor_sync``, from :meth:`specs`); "durable" (``every_job``, from
+        :meth:`must_floor`): every admitted job is on the floor, in one commit (``deps``:
+        each job's dependencies, for :meth:`add_blocked`)."""
         self._replicate()
-        if floor_sync:
+        if every_job:
+            with translated(self.where):
+                durable.write_admitted(self.redis, self.keys, self.floor, specs, deps)
+        elif floor_sync:
             self._sync_to_floor(specs)
+
+    def must_floor(self) -> bool:
+        """True when the queue's dial (or this producer's own setting) is "durable": every
+        job goes onto the floor. A producer without a floor then refuses before admitting.
+        A producer with neither a floor nor a setting of its own does not read the dial
+        for immediate jobs (one round trip an add): give every producer of a durable
+        queue ``floor=`` (docs/durability.md)."""
+        if self.floor is None and self.settings.durability is None:
+            return False
+        if not durable.is_durable(self._dial(), self.settings.durability):
+            return False
+        durable.require_floor(self.name, self.floor)
+        return True
 
     def _replicate(self) -> None:
         """Durability "sync" on a cluster: ``WAIT 1`` on the queue's node, where it has a
@@ -198,8 +364,17 @@ class Queue:
     def register(self) -> None:
         """Add this queue to the registry ``echomq queues`` reads (once per Queue object)."""
         if not self._registered:
+            protocol.claim(self.redis, self.keys)  # ProtocolMismatch before any write
+            self._protocol_read = True
             self.redis.sadd(REGISTRY, self.name)
             self._registered = True
+
+    def check_protocol(self) -> None:
+        """At this Queue's first read: refuse (ProtocolMismatch) a queue whose meta records
+        another MAJOR protocol version (docs/protocol.md); reads record nothing."""
+        if not self._protocol_read:
+            protocol.check(self.name, self.redis.hget(self.keys.meta, protocol.FIELD))
+            self._protocol_read = True
 
     def _sync_to_floor(self, specs: Sequence[Spec]) -> None:
         """Durability "sync": deferred jobs are on the floor before add() returns."""
@@ -207,6 +382,14 @@ class Queue:
 
         with translated(self.where):
             write_through(self.redis, self.keys, self.floor, deferred_ids(specs))
+
+    def _write_current(self, job_id: str) -> None:
+        """A debounced job's row, as its hash now is (in any live state), on the floor
+        when it returns; see :func:`echomq.floor.writethrough.write_current`."""
+        from echomq.floor.writethrough import write_current
+
+        with translated(self.where):
+            write_current(self.redis, self.keys, self.floor, job_id)
 
     def encode_payload(self, payload: Any) -> str:
         """JSON-encode a payload within the size and depth limits; PayloadError otherwise."""
@@ -225,6 +408,7 @@ class Queue:
         floor (``Queue(floor=...)``) its payload and other fields come from its floor row."""
         validate_job_id(job_id)
         with translated(self.where):
+            self.check_protocol()
             raw = self.redis.hgetall(self.keys.job(job_id))
         if not raw:
             return None
@@ -242,18 +426,23 @@ class Queue:
 
         Returns at once for a finished job; otherwise parks on the job's doorbell (no
         polling). Raises JobFailed (``.error``) for a dead job, TimeoutError when
-        ``timeout`` seconds pass first, JobNotFound for an unknown id.
+        ``timeout`` seconds pass first, JobNotFound for an unknown id. A job this Queue
+        wrote with ``tx=`` is waited for across the outbox relay (its "relayed" doorbell).
         """
         with translated(self.where):
+            self.check_protocol()
             if self._waiters is None:
                 # on a cluster: the node owning the queue's slot, where its doorbells ring
                 self._waiters = results.waiter_pool(node_client(self.redis, self.keys.prefix))
+            if job_id in durable.OUTBOXED:
+                timeout = durable.await_relay(self.redis, self.keys, job_id, timeout)
             return results.wait(self._waiters, self.keys, job_id, timeout)
 
     def counts(self) -> dict[str, int]:
         """Jobs per state. ``completed`` is a running total; ``dead`` and ``cancelled`` are
         the jobs kept in those states (until retried or purged)."""
         with translated(self.where):
+            self.check_protocol()
             return self._counts_of(scripts.counts(self.redis, self.keys))
 
     def stats(self) -> dict[str, Any]:
@@ -268,7 +457,22 @@ class Queue:
 
     @staticmethod
     def _counts_of(values: Sequence[int]) -> dict[str, int]:
-        return dict(zip(STATES, (*values[:5], values[8]), strict=True))
+        return dict(zip(STATES, (*values[:5], values[8], values[10]), strict=True))
+
+    def events(self, since: str = "0", block_s: float | None = 1.0) -> Iterator[Event]:
+        """The queue's job events after stream id ``since`` ("0": every one kept; "$":
+        only new ones), in order; once caught up, waits up to ``block_s`` for the next
+        one and ends when none came (``block_s=None``: follows for ever). Each
+        :class:`echomq.Event`'s ``id`` is the ``since`` to read on from."""
+        return events.read(self.redis, self.keys, since, block_s)
+
+    def set_events(self, enabled: bool, max_len: int | None = None) -> None:
+        """Turn the event stream on or off (on by default), and cap it at ``max_len``
+        entries (approximately; default 10,000); recorded in the queue's meta, so every
+        producer and consumer of the queue follows it at once."""
+        key, mapping = events.set_events(self.redis, self.keys, enabled, max_len)
+        with translated(self.where):
+            self.redis.hset(key, mapping=mapping)
 
     def is_paused(self) -> bool:
         """True while the queue is paused (admits go on, claims wait)."""
@@ -287,15 +491,19 @@ class Queue:
             return scripts.resume(self.redis, self.keys)
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a waiting or scheduled job (state ``cancelled``). False when the job is
-        unknown, active (it cannot be cancelled here) or already finished.
+        """Cancel a waiting, scheduled or active job (state ``cancelled``). An active job's
+        handler is stopped (see docs/control.md) and its error reads "cancelled while
+        running". False when the job is unknown or already finished.
 
         With a floor (``Queue(floor=...)``) the job's floor row is gone before this
         returns, so the cancel holds even if Valkey loses its data right after; without
         one, the supervisor's scheduler drops the row within a beat."""
         validate_job_id(job_id)
         with translated(self.where):
-            done = scripts.cancel(self.redis, self.keys, job_id) is scripts.Cancelled.CANCELLED
+            code = scripts.cancel(self.redis, self.keys, job_id)
+            if code is scripts.Cancelled.ACTIVE:
+                code = scripts.Cancelled(stopping.stop(self.redis, self.keys, job_id))
+            done = code is scripts.Cancelled.CANCELLED
             if done and self.floor is not None:
                 rows = self.floor.rows(self.name, [job_id])
                 if rows and self.redis.hget(self.keys.job(job_id), "spilled"):
@@ -460,11 +668,30 @@ class Queue:
         out: dict[str, dict[str, Any]] = {}
         for field, value in raw.items():
             name = field.decode() if isinstance(field, bytes) else field
+            if name == queuelimit.FIELD:
+                continue  # the queue-wide limit: queue_limit()
             text = value.decode() if isinstance(value, bytes) else value
             parts = [None if p == "-" else int(p) for p in text.split()] + [None] * 3
             out[name] = {"max_active": parts[0], "rate": parts[1],
                          "per_s": parts[2] / 1000 if parts[2] is not None else None}
         return out
+
+    def set_queue_limit(self, max_active: int | None = None, rate: int | None = None,
+                        per_s: float | None = None) -> None:
+        """Limit the whole queue, across every lane and consumer process: at most
+        ``max_active`` jobs active at once, at most ``rate`` starts per ``per_s`` seconds
+        (default 1 s). Lane limits hold too. All None clears it. ValueError (nothing
+        changed) for a limit that is not an integer from 1 to 999,999,999 or a window out
+        of 0.001 to 86400 s."""
+        value = limit_value(max_active, rate, per_s)
+        with translated(self.where):
+            self.register()
+            queuelimit.set_queue_limit(self.redis, self.keys, value)
+
+    def queue_limit(self) -> dict[str, Any]:
+        """The queue-wide limit as ``{"max_active", "rate", "per_s"}`` (None: not set)."""
+        with translated(self.where):
+            return queuelimit.read(self.redis, self.keys)
 
     @staticmethod
     def registered(client: redis.Redis) -> list[str]:

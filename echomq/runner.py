@@ -15,7 +15,7 @@ import inspect
 import json
 import random
 import traceback
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from time import perf_counter
 from typing import Any, Protocol
@@ -25,9 +25,12 @@ from echomq.backoff import Backoff, delay_ms
 from echomq.config import QueueSettings
 from echomq.control import Fail, Retry
 from echomq.current import CURRENT, call_in_job
+from echomq.debouncing import read_batch
 from echomq.errors import CorruptJob
 from echomq.job import Claimed, Job, payload_depth
 from echomq.lanes import Outcome
+from echomq.middleware import Hooks, hooks_of
+from echomq.stopping import CANCELLED_TEXT, JobCancelled
 from echomq.tracing import handler_span
 
 MAX_ERROR_CHARS = 16_384
@@ -57,11 +60,19 @@ class Runner:
     """Calls the handler for each job; never lets a handler's exception escape."""
 
     def __init__(self, queue: str, handler: HandlerLike, settings: QueueSettings,
-                 progress: ProgressFn | None = None, observer: Observer | None = None) -> None:
+                 progress: ProgressFn | None = None, observer: Observer | None = None,
+                 middleware: Sequence[Any] = ()) -> None:
         self.queue = queue
         self.handler = handler
+        # None without middleware: each job then pays one `is None` test for them
+        self.hooks: Hooks | None = hooks_of(middleware)
         self.settings = settings
         self.progress = progress
+        # what a job's handler may read through the Lanes whose progress this is, found
+        # once here rather than for every job: its dependencies' results, a debounced batch
+        lanes = getattr(progress, "__self__", None)
+        self._dependency_reader = getattr(lanes, "dependency_results", None)
+        self._batch_lanes = lanes if lanes is not None and hasattr(lanes, "keys") else None
         self.observer = observer
         self.rng = random.Random()
         self.avg_s = 0.0  # moving average of handler time, sizes claim batches
@@ -93,9 +104,17 @@ class Runner:
         if fn is None:
             return Outcome(claimed.id, claimed.token, "d",
                            f"unknown handler {job.name!r} for queue {self.queue!r}")
-        if self.progress is not None:
-            report = self.progress
-            job.bind_progress(lambda value: report(claimed.id, claimed.token, value))
+        report = self.progress
+        if report is not None:
+            job_id, token = claimed.id, claimed.token
+            job.bind_progress(lambda value: report(job_id, token, value))
+            if self._dependency_reader is not None:
+                job.bind_dependencies(self._dependency_reader)
+            lanes = self._batch_lanes
+            if lanes is not None:  # a debounced job's batch
+                job.load_batch = lambda: read_batch(lanes.client, lanes.keys, job_id)
+        if self.hooks is not None:
+            fn = self.hooks.wrap(fn, is_async(fn))
         return job, fn
 
     # --- running --------------------------------------------------------------------
@@ -133,12 +152,25 @@ class Runner:
             # a crash (a coroutine it returned may raise CancelledError, no Exception)
             self.in_handler = False
             outcome = self.failed(claimed, exc, self.timeout_of(claimed))
+            if self.hooks is not None and entered is not None and self.hooks.failure_fns:
+                self._on_failure(claimed, exc, outcome)
         finally:
             self.in_handler = False
             if entered is not None:
                 CURRENT.reset(entered)
         self._observe(claimed, outcome, start)
         return outcome
+
+    def _on_failure(self, claimed: Claimed, exc: BaseException, outcome: Outcome) -> None:
+        """on_failure hooks of a job run in this thread (async ones on the runner's loop)."""
+        assert self.hooks is not None
+        job = CURRENT.get()
+        retry = will_retry(claimed, outcome)
+        if any(is_async(fn) for fn in self.hooks.failure_fns):
+            self._own_loop().run_until_complete(
+                self.hooks.call_async(self.hooks.failure_fns, job, exc, retry))
+        else:
+            self.hooks.call(self.hooks.failure_fns, job, exc, retry)
 
     def _call(self, claimed: Claimed, fn: Callable[[Job], Any], job: Job) -> Any:
         result = fn(job)
@@ -172,8 +204,14 @@ class Runner:
                 while task.uncancel():
                     pass
             outcome = self.failed(claimed, exc, timeout)
+            if self.hooks is not None and self.hooks.failure_fns:
+                await self.hooks.call_async(self.hooks.failure_fns, job, exc,
+                                            will_retry(claimed, outcome))
         except Exception as exc:
             outcome = self.failed(claimed, exc, timeout)
+            if self.hooks is not None and self.hooks.failure_fns:
+                await self.hooks.call_async(self.hooks.failure_fns, job, exc,
+                                            will_retry(claimed, outcome))
         finally:
             CURRENT.reset(entered)
         self._observe(claimed, outcome, start)
@@ -187,6 +225,10 @@ class Runner:
 
     def failed(self, claimed: Claimed, exc: BaseException, timeout: float | None) -> Outcome:
         """Retry (by backoff, or after Retry's delay), or dead at once for Fail."""
+        if isinstance(exc, JobCancelled) or (isinstance(exc, asyncio.CancelledError)
+                                             and exc.args[:1] == (CANCELLED_TEXT,)):
+            # recorded "cancelled" already (stop.lua): this outcome is refused
+            return Outcome(claimed.id, claimed.token, "d", str(exc))
         failures.note(self.queue, claimed, exc)
         if isinstance(exc, JobTimedOut):
             return Outcome(claimed.id, claimed.token, "f", timed_out_text(timeout or 0),
@@ -267,6 +309,11 @@ def retry_ms_of(settings: QueueSettings, attempts: int, backoff_text: str,
     (its encoded text, when valid) or the queue's; whole ms, at most 100 years."""
     backoff = Backoff.decode(backoff_text) if backoff_text else None
     return delay_ms((backoff or settings.backoff).delay(attempts, rng))
+
+
+def will_retry(claimed: Claimed, outcome: Outcome) -> bool:
+    """Whether settle gives a failed job another attempt (as settle.lua decides it)."""
+    return outcome.outcome == "f" and claimed.attempts < claimed.max_attempts
 
 
 def is_async(fn: Any) -> bool:

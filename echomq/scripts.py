@@ -61,19 +61,32 @@ class Cancelled(IntEnum):
     FINISHED = 3
 
 
+def expand(source: str) -> str:
+    """A script's text with each line ``--!include NAME`` replaced by ``lua/NAME.lua``
+    (a library of local functions, e.g. the dependency fan-in of deps.lua)."""
+    lines = source.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("--!include "):
+            lib = line.split()[1]
+            lines[i] = resources.files("echomq").joinpath("lua", f"{lib}.lua").read_text()
+    return "\n".join(lines)
+
+
 class LuaScript:
     """One script file: its source, SHA1 and the number of KEYS its header declares."""
 
     def __init__(self, name: str, num_keys: int) -> None:
         self.name = name
         self.num_keys = num_keys
-        self.source = resources.files("echomq").joinpath("lua", f"{name}.lua").read_text()
+        self.source = expand(resources.files("echomq").joinpath("lua", f"{name}.lua").read_text())
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
     def __call__(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         if len(keys) != self.num_keys:
             raise ValueError(f"{self.name}.lua takes {self.num_keys} keys, got {len(keys)}")
         try:
+            if type(client) is redis.Redis and client.connection is None:
+                return _direct(client, self.sha, self.num_keys, keys, args)
             return client.evalsha(self.sha, self.num_keys, *keys, *args)
         except redis.exceptions.NoScriptError:
             self.load(client, keys[0] if keys else None)
@@ -91,25 +104,48 @@ class LuaScript:
         pipe.evalsha(self.sha, self.num_keys, *keys, *args)
 
 
-ADMIT = LuaScript("admit", 6)
-SCHEDULE = LuaScript("schedule", 5)
-CLAIM = LuaScript("claim", 12)
-SETTLE = LuaScript("settle", 14)
+def _direct(client: redis.Redis, sha: str, num_keys: int, keys: Sequence[str],
+            args: Sequence[Arg]) -> Any:
+    """One EVALSHA written and read on a pooled connection, without redis-py's
+    per-command wrapping (its retry closure, timing records and callbacks: EVALSHA has
+    no reply callback), about a sixth of a single script call's client instructions. A
+    client whose calls redis-py retries takes redis-py's own path; otherwise a connection
+    or timeout error closes the connection and is raised, as redis-py raises it (the call
+    is never sent twice: a claim whose reply was lost must not claim again)."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    if conn.retry.get_retries():
+        pool.release(conn)
+        return client.evalsha(sha, num_keys, *keys, *args)
+    try:
+        conn.send_command("EVALSHA", sha, num_keys, *keys, *args)
+        return conn.read_response()
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
+ADMIT = LuaScript("admit", 7)
+SCHEDULE = LuaScript("schedule", 6)
+CLAIM = LuaScript("claim", 13)
+SETTLE = LuaScript("settle", 15)
 EXTEND = LuaScript("extend", 1)
-REAP = LuaScript("reap", 12)
-PROMOTE = LuaScript("promote", 7)
+REAP = LuaScript("reap", 13)
+PROMOTE = LuaScript("promote", 8)
 COUNTS = LuaScript("counts", 10)
-RETRY_DEAD = LuaScript("retry_dead", 5)
+RETRY_DEAD = LuaScript("retry_dead", 6)
 LEAD = LuaScript("lead", 6)
 SPILL = LuaScript("spill", 2)
 RESTORE = LuaScript("restore", 3)
-BURY = LuaScript("bury", 4)
+BURY = LuaScript("bury", 5)
 TRIM_DEAD = LuaScript("trim_dead", 2)
 AWAIT = LuaScript("await", 2)
-PROGRESS = LuaScript("progress", 1)
+PROGRESS = LuaScript("progress", 2)
 PAUSE = LuaScript("pause", 1)
 RESUME = LuaScript("resume", 4)
-CANCEL = LuaScript("cancel", 8)
+CANCEL = LuaScript("cancel", 9)
 JOBS = LuaScript("jobs", 5)
 PURGE = LuaScript("purge", 1)
 SURVEY = LuaScript("survey", 1)
@@ -117,13 +153,27 @@ LIMIT = LuaScript("limit", 6)
 BACKFILL = LuaScript("backfill", 1)
 CRON_SET = LuaScript("cron_set", 3)
 CRON_REMOVE = LuaScript("cron_remove", 3)
-CRON_FIRE = LuaScript("cron_fire", 7)
+CRON_FIRE = LuaScript("cron_fire", 8)
 CRON_RESTORE = LuaScript("cron_restore", 3)
 LIMITS_RESTORE = LuaScript("limits_restore", 3)
 LIMITS_READ = LuaScript("limits_read", 3)
+BLOCK = LuaScript("block", 2)  # admit of jobs with dependencies (echomq/workflow scripts)
+REBLOCK = LuaScript("reblock", 1)  # blocked jobs back from the floor (rehydration)
+# control of running work (echomq.stopping, echomq.expiry, echomq.debouncing)
+STOP = LuaScript("stop", 11)
+EXPIRE_MARK = LuaScript("expire_mark", 1)
+EXPIRE = LuaScript("expire", 10)
+DEBOUNCE = LuaScript("debounce", 5)
+# the "durable" dial (echomq.durable): floor rows of admitted jobs, rehydration
+DURABLE_MARK = LuaScript("durable_mark", 1)
+REQUEUE = LuaScript("requeue", 6)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
        RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY, LIMIT,
-       BACKFILL, CRON_SET, CRON_REMOVE, CRON_FIRE, CRON_RESTORE, LIMITS_RESTORE, LIMITS_READ)
+       BACKFILL, CRON_SET, CRON_REMOVE, CRON_FIRE, CRON_RESTORE, LIMITS_RESTORE, LIMITS_READ, BLOCK,
+       REBLOCK, STOP, EXPIRE_MARK, EXPIRE, DEBOUNCE, DURABLE_MARK, REQUEUE)
+
+
+LIBRARIES = ("deps", "events")  # lua files included by others ("--!include NAME"), not run alone
 
 
 def load_all(client: redis.Redis, key: str | None = None) -> None:
@@ -176,6 +226,37 @@ def execute(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
                              strict=True):
             results[i] = result
     return _settle(client, calls, results)
+
+
+def execute_atomically(client: redis.Redis,
+                       calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
+                       ) -> list[Any]:
+    """Run script calls of one queue in one MULTI/EXEC (its node's, on a cluster): no other
+    client's command runs between them. A script the server lacks fails its calls at
+    EXEC while the others run, so calls of more than one script are preceded, inside the
+    transaction, by a SCRIPT LOAD of each (a partial run could not be undone); calls of
+    one script fail all together, and then the script is loaded and the transaction runs
+    again. A call's error is raised."""
+    target = node_client(client, calls[0][1][0]) if is_cluster(client) else client
+    distinct = list({script.sha: script for script, _, _ in calls}.values())
+    preload = distinct if len(distinct) > 1 else []
+    for attempt in range(2):
+        pipe = target.pipeline(transaction=True)
+        for script in preload:
+            pipe.script_load(script.source)
+        for script, keys, args in calls:
+            script.queue(pipe, keys, args)
+        results = pipe.execute(raise_on_error=False)[len(preload):]
+        missing = [c for c, r in zip(calls, results, strict=True)
+                   if isinstance(r, redis.exceptions.NoScriptError)]
+        if not missing or attempt:
+            for r in results:
+                if isinstance(r, Exception):
+                    raise r
+            return list(results)
+        for script, keys, _ in missing:
+            script.load(client, keys[0])
+    raise AssertionError("unreachable")
 
 
 class InFlight:
@@ -279,35 +360,35 @@ def _settle(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str],
 
 def admit_keys(k: Keys) -> list[str]:
     """KEYS of admit.lua, in its header's order."""
-    return [k.ring, k.wake, k.spilled, k.stats, k.paused, k.prios]
+    return [k.ring, k.wake, k.spilled, k.stats, k.paused, k.prios, k.events]
 
 
 def schedule_keys(k: Keys) -> list[str]:
     """KEYS of schedule.lua, in its header's order."""
-    return [k.schedule, k.wake, k.meta, k.fold, k.spilled]
+    return [k.schedule, k.wake, k.meta, k.fold, k.spilled, k.events]
 
 
 def claim_keys(k: Keys) -> list[str]:
     """KEYS of claim.lua, in its header's order."""
     return [k.ring, k.leases, k.tokens, k.wake, k.stats, k.paused, k.limits, k.prios, k.active,
-            k.blocked, k.lanewake, k.schedule]
+            k.blocked, k.lanewake, k.schedule, k.events]
 
 
 def settle_keys(k: Keys) -> list[str]:
     """KEYS of settle.lua, in its header's order."""
     return [k.leases, k.schedule, k.dead, k.completed, k.wake, k.stats, k.meta, k.fold, k.closed,
-            k.ring, k.prios, k.active, k.blocked, k.lanewake]
+            k.ring, k.prios, k.active, k.blocked, k.lanewake, k.events]
 
 
 def reap_keys(k: Keys) -> list[str]:
     """KEYS of reap.lua, in its header's order."""
     return [k.leases, k.ring, k.wake, k.dead, k.stats, k.meta, k.closed, k.prios, k.active,
-            k.blocked, k.lanewake, k.fold]
+            k.blocked, k.lanewake, k.fold, k.events]
 
 
 def promote_keys(k: Keys) -> list[str]:
     """KEYS of promote.lua, in its header's order."""
-    return [k.schedule, k.ring, k.wake, k.stats, k.prios, k.lanewake, k.blocked]
+    return [k.schedule, k.ring, k.wake, k.stats, k.prios, k.lanewake, k.blocked, k.events]
 
 
 def promote(client: redis.Redis, k: Keys, batch: int,
@@ -383,7 +464,7 @@ def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str
 def progress(client: redis.Redis, k: Keys, lease_ms: int, job_id: str, token: str,
              value: str) -> bool:
     """Record a running job's progress (JSON text) and extend its lease; False if stale."""
-    return bool(PROGRESS(client, [k.leases], [k.prefix, lease_ms, job_id, token, value]))
+    return bool(PROGRESS(client, [k.leases, k.events], [k.prefix, lease_ms, job_id, token, value]))
 
 
 def trim_dead(client: redis.Redis, k: Keys, keep_count: int, keep_age_ms: int,
@@ -417,7 +498,7 @@ def await_keys(k: Keys, job_id: str) -> list[str]:
 
 def retry_dead(client: redis.Redis, k: Keys, ids: Sequence[str], limit: int) -> int:
     """Move the named dead jobs (or up to ``limit`` of them) back to waiting; how many moved."""
-    return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake, k.stats, k.prios],
+    return int(RETRY_DEAD(client, [k.dead, k.ring, k.wake, k.stats, k.prios, k.events],
                           [k.prefix, limit, *ids]))
 
 
@@ -445,7 +526,8 @@ def cancel(client: redis.Redis, k: Keys, job_id: str) -> Cancelled:
 
 def cancel_keys(k: Keys) -> list[str]:
     """KEYS of cancel.lua (shared by the sync and the asyncio producer)."""
-    return [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats, k.spilled, k.blocked]
+    return [k.schedule, k.ring, k.cancelled, k.meta, k.closed, k.stats, k.spilled, k.blocked,
+            k.events]
 
 
 def cancel_args(k: Keys, job_id: str) -> list[Arg]:
@@ -456,7 +538,8 @@ def cancel_args(k: Keys, job_id: str) -> list[Arg]:
 def state_source(k: Keys, state: str) -> str:
     """The zset that holds the jobs of a state (waiting jobs live on lanes instead)."""
     return {"waiting": k.ring, "scheduled": k.schedule, "active": k.leases,
-            "completed": k.completed, "dead": k.dead, "cancelled": k.cancelled}[state]
+            "completed": k.completed, "dead": k.dead, "cancelled": k.cancelled,
+            "blocked": k.waitdeps}[state]
 
 
 def jobs(client: redis.Redis, k: Keys, state: str, cursor: str, limit: int

@@ -16,13 +16,16 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from echomq import pools
 from echomq.backoff import Backoff
 from echomq.errors import CorruptJob, InvalidName
 from echomq.job import Job
 from echomq.keys import validate_name
+
+if TYPE_CHECKING:
+    from echomq.canvas import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -44,6 +47,7 @@ class SendOptions:
     timeout: float | None = None
     max_attempts: int | None = None
     dedup_s: float | None = None
+    tx: Any = None  # a SQLAlchemy Connection/Session: the job goes through the outbox
 
 
 class Task(Generic[P, R]):
@@ -90,10 +94,19 @@ class Task(Generic[P, R]):
     def options(self, *, lane: LaneSpec = None, delay: float | None = None,
                 run_at: datetime | None = None, job_id: str | None = None,
                 priority: int | None = None, timeout: float | None = None,
-                max_attempts: int | None = None, dedup_s: float | None = None) -> TaskCall[P, R]:
-        """Per-call overrides: ``task.options(lane="u-7", delay=60).send(...)``."""
+                max_attempts: int | None = None, dedup_s: float | None = None,
+                tx: Any = None) -> TaskCall[P, R]:
+        """Per-call overrides: ``task.options(lane="u-7", delay=60).send(...)``; ``tx=``
+        a SQLAlchemy Connection/Session (or its asyncio twin, for ``asend``): the job is
+        written in that transaction (the outbox, :meth:`echomq.Queue.add`)."""
         return TaskCall(self, SendOptions(lane, delay, run_at, job_id, priority, timeout,
-                                          max_attempts, dedup_s))
+                                          max_attempts, dedup_s, tx))
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature: this task and these arguments, for chain, group and chord."""
+        from echomq.canvas import Signature
+
+        return Signature(self, args, kwargs)
 
     def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for a sent job's return value (:meth:`echomq.Queue.result`)."""
@@ -105,13 +118,13 @@ class Task(Generic[P, R]):
         """The job handler that runs this task (an ``async def`` for a coroutine function)."""
         if self.is_async:
             async def run_async(job: Job) -> Any:
-                args, kwargs = unpack(job)
+                args, kwargs = fed(job, *unpack(job))
                 return await self.fn(*args, **kwargs)  # type: ignore[misc]
 
             return run_async
 
         def run(job: Job) -> Any:
-            args, kwargs = unpack(job)
+            args, kwargs = fed(job, *unpack(job))
             return self.fn(*args, **kwargs)
 
         return run
@@ -151,6 +164,8 @@ class TaskCall(Generic[P, R]):
         }
         if o.priority is not None:
             options["priority"] = o.priority
+        if o.tx is not None:
+            options["tx"] = o.tx
         return options
 
 
@@ -199,6 +214,17 @@ def unpack(job: Job) -> tuple[list[Any], dict[str, Any]]:
         raise CorruptJob(f"job {job.id!r} of task {job.name!r}: payload must be "
                          f'{{"args": [...], "kwargs": {{...}}}}, got {p!r:.200}')
     return list(p.get("args", [])), dict(p.get("kwargs", {}))
+
+
+def fed(job: Job, args: list[Any], kwargs: dict[str, Any]
+        ) -> tuple[list[Any], dict[str, Any]]:
+    """A workflow job's arguments with what feeds it first (its payload's "feed"): the
+    result of the one job it waited for, or the list of a group's results, in order."""
+    feed = job.payload.get("feed") if isinstance(job.payload, dict) else None
+    if feed is None:
+        return args, kwargs
+    values = list(job.dependency_results().values())
+    return [values[0] if feed == "one" else values, *args], kwargs
 
 
 def _lane(spec: LaneSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:

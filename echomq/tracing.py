@@ -3,6 +3,10 @@ runs the handler in a span linked to it. Without ``opentelemetry-api`` installed
 ``echomq[otel]``) every function here is a cheap no-op.
 
 The context is stored as a W3C ``traceparent`` string in the job's ``trace`` field.
+``add()`` runs in a PRODUCER span ("send <queue>"; ``add_many``: one span for the batch,
+``messaging.batch.message_count``), so the job carries that span's context and the
+CONSUMER span ("<queue> process") links to it. Attributes follow OpenTelemetry's
+``messaging.*`` semantic conventions.
 """
 
 from __future__ import annotations
@@ -30,6 +34,30 @@ def current_traceparent() -> str:
 
 
 @contextlib.contextmanager
+def producer_span(queue: str, operation: str, count: int = 1) -> Iterator[Any]:
+    """Run an admit in a PRODUCER span (yields it, or None without OpenTelemetry); set
+    ``messaging.message.id`` on it once the id is known (:func:`note_message_id`)."""
+    if _trace is None:
+        yield None
+        return
+    attributes: dict[str, Any] = {
+        "messaging.system": "echomq", "messaging.destination.name": queue,
+        "messaging.operation.type": "send", "messaging.operation.name": operation}
+    if count != 1:
+        attributes["messaging.batch.message_count"] = count
+    tracer = _trace.get_tracer("echomq")
+    with tracer.start_as_current_span(f"send {queue}", kind=_trace.SpanKind.PRODUCER,
+                                      attributes=attributes) as span:
+        yield span
+
+
+def note_message_id(span: Any, job_id: str) -> None:
+    """Record a single admit's job id on its producer span."""
+    if span is not None and span.is_recording():
+        span.set_attribute("messaging.message.id", job_id)
+
+
+@contextlib.contextmanager
 def handler_span(queue: str, job_name: str, job_id: str, traceparent: str) -> Iterator[None]:
     """Run the body in a CONSUMER span linked to the producer's context (when there is one
     and OpenTelemetry is installed)."""
@@ -43,6 +71,7 @@ def handler_span(queue: str, job_name: str, job_id: str, traceparent: str) -> It
     with tracer.start_as_current_span(
             f"{queue} process", kind=_trace.SpanKind.CONSUMER, links=links,
             attributes={"messaging.system": "echomq", "messaging.destination.name": queue,
-                        "messaging.operation.type": "process", "messaging.message.id": job_id,
+                        "messaging.operation.type": "process", "messaging.operation.name":
+                        "process", "messaging.message.id": job_id,
                         "echomq.job.name": job_name}):
         yield

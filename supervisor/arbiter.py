@@ -30,6 +30,7 @@ from typing import Any
 from echomq.supervisor import protocol
 from echomq.supervisor.children import BootFailed, Child, Children, Slot, sever_client
 from echomq.supervisor.doorbells import Doorbells
+from echomq.supervisor.expirypass import ExpiryPasses
 from echomq.supervisor.handlers import load_handler
 from echomq.supervisor.leases import Leases
 from echomq.supervisor.logs import event
@@ -40,12 +41,18 @@ from echomq.supervisor.release import Releases
 from echomq.supervisor.runtime import QueueRuntime
 from echomq.supervisor.settings import Settings
 from echomq.supervisor.signals import SignalPipe
+from echomq.supervisor.stops import SELECTOR_TAG as STOPS
+from echomq.supervisor.stops import Stops
 
+from echomq import protocol as wire
 from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, redact_url
+from echomq.errors import ProtocolMismatch
 from echomq.keys import REGISTRY, Keys
 from echomq.lanes import record_lane_limit
+from echomq.middleware import import_middleware
+from echomq.reapgrace import held_until
 from echomq.wake import DoorbellMismatch, claim_doorbell
 
 log = logging.getLogger("echomq.supervisor")
@@ -89,6 +96,8 @@ class Arbiter:
         self.client = client_from_url(settings.redis_url, socket_timeout=3.0)
         self.where = redact_url(settings.redis_url)
         self.floor = floor
+        # imported here (a bad MODULE:NAME stops start), built in each forked consumer
+        self.middleware = [import_middleware(m) for m in settings.middleware]
         self.queues: dict[str, QueueRuntime] = {}
         for spec in settings.queues:
             qs = QueueSettings(beat_ms=settings.beat_ms, lease_ms=settings.lease_ms,
@@ -120,6 +129,8 @@ class Arbiter:
         self.releases = Releases(self)
         self.doorbells = Doorbells(self)
         self.leases = Leases(self)
+        self.stops = Stops(self)
+        self.expiry = ExpiryPasses(self)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -129,6 +140,7 @@ class Arbiter:
         self.selector.register(self.signals.fileno(), selectors.EVENT_READ, "signals")
         self.forget_in_child.append(self.signals.forget_in_child)
         self.forget_in_child.append(lambda: sever_client(self.client))
+        self.forget_in_child.append(self.stops.forget_in_child)
         if self.floor is not None:
             self.forget_in_child.append(self.floor.forget_after_fork)
         for rt in self.queues.values():
@@ -150,6 +162,7 @@ class Arbiter:
             self._halt()
             self.exit_code = protocol.EXIT_BOOT_FAILED
         finally:
+            self.stops.drop()
             for rt in self.queues.values():
                 rt.metronome.doorbell.close()
                 if rt.scheduler is not None:
@@ -161,11 +174,11 @@ class Arbiter:
     def _prepare_queue(self, rt: QueueRuntime, at_start: bool = False) -> None:
         try:
             self._declare_queue(rt)
-        except DoorbellMismatch as exc:
+        except (DoorbellMismatch, ProtocolMismatch) as exc:
             if at_start:
                 raise
             # switched while this supervisor could not reach Valkey: its parked call would
-            # never be rung again
+            # never be rung again (or the queue now records another major protocol version)
             log.error("%s", exc)
             self.exit_code = EXIT_DOORBELL
             self._begin_drain()
@@ -176,6 +189,7 @@ class Arbiter:
         """Load the scripts and write the queue's meta: a write, so it is also the probe
         that tells a server refusing writes from one taking them again."""
         scripts.load_all(self.client, Keys(rt.spec.name).prefix)
+        wire.claim(self.client, Keys(rt.spec.name))  # ProtocolMismatch: another major
         durability = rt.settings.durability or "volatile"
         # "fold" is the scheduler's lease (lead.lua), not set here
         self.client.hset(Keys(rt.spec.name).meta, mapping={"durability": durability})
@@ -190,6 +204,7 @@ class Arbiter:
         now = time.monotonic()
         self.last_loop = now
         self.doorbells.arm_all(now)
+        self.stops.arm()
         deadline = self._next_deadline()
         events = self.selector.select(whole_ms(deadline - time.monotonic()))
         if not events:
@@ -199,6 +214,8 @@ class Arbiter:
                 assert self.signals is not None
                 for signum in self.signals.read():
                     self._on_signal(signum)
+            elif key.data == STOPS:
+                self.stops.on_readable()
             elif isinstance(key.data, Child):
                 self.children.on_readable(key.data)
             elif isinstance(key.data, QueueRuntime):
@@ -213,6 +230,7 @@ class Arbiter:
                           if s.respawn_at is not None and s.child is None and rt.healthy]
             deadlines += [rt.scheduler.deadline() for rt in self.queues.values()
                           if rt.scheduler is not None]
+            deadlines += self.expiry.deadlines()
         deadlines += self.leases.deadlines()
         if self.drain_deadline is not None:
             deadlines.append(self.drain_deadline)
@@ -292,9 +310,11 @@ class Arbiter:
     def _queue_up(self, rt: QueueRuntime, now: float) -> None:
         """The probe succeeded after an outage: fork the slots that waited for the server
         (no crash backoff earned meanwhile delays them) and poke every idle child, since
-        each may hold outcomes it could not settle. Leases in hand are extended at once and
-        the reap waits a beat: leases that ran out during the outage belong to jobs that
-        are running or settling now, not to dead processes."""
+        each may hold outcomes it could not settle. Leases in hand are extended at once;
+        after an outage of a third of a lease or more the reap waits a lease period: leases
+        that ran out meanwhile belong to jobs that are running or settling now, not to dead
+        processes, and a standalone consumer extends its own within a third of a lease of
+        its return (echomq/reapgrace.py; a shorter blip holds nothing)."""
         self.releases.retry(rt)
         for slot in rt.slots:
             if slot.child is None and slot.respawn_at is not None:
@@ -304,6 +324,8 @@ class Arbiter:
                 self.doorbells.poke(rt, child)
         self.leases.next_extend = now
         rt.metronome.retry_later(now, rt.metronome.beat_s)
+        rt.metronome.next_reap = max(rt.metronome.next_reap, held_until(
+            rt.availability.since, now, rt.metronome.lease_s))
 
     def _on_timers(self, now: float) -> None:
         """Act on every deadline that passed: the drain's, the leases', respawns, the
@@ -329,6 +351,7 @@ class Arbiter:
                     rt.scheduler.tick(now)
                 except UNAVAILABLE_ERRORS as exc:  # a refusal: the scheduler waits like the rest
                     self.queue_down(rt, now, exc)
+        self.expiry.on_timers(now)
         self.leases.recycle(now)
 
     def _pump(self, rt: QueueRuntime, now: float) -> None:

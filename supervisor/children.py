@@ -17,7 +17,7 @@ import selectors
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +59,7 @@ class Child:
     claimer: str = ""  # its name in its claims' record (claim.lua), for jobs it never held
     state: str = "starting"
     timed_out: dict[str, float] = field(default_factory=dict)  # job id -> limit it passed
+    cancelled: set[str] = field(default_factory=set)  # jobs cancelled while it ran them
     started_at: float = field(default_factory=time.monotonic)
     poked_at: float = 0.0
     # poked while a promote that found work was on its way: its claim may have reached
@@ -100,7 +101,8 @@ def sever_client(client: redis.Redis) -> None:
 
 def fork_child(queue: str, slot: int, redis_url: str, settings: QueueSettings,
                handler: Callable[..., Any], max_jobs: int | None,
-               forget: Iterable[Callable[[], None]], floor_url: str | None = None) -> Child:
+               forget: Iterable[Callable[[], None]], floor_url: str | None = None,
+               middleware: Sequence[Any] = ()) -> Child:
     """Fork one consumer. In the child, ``forget`` callbacks drop every inherited socket
     (siblings' pipe ends, the signal pipe, the parent's Redis connections, the health
     listener) before the child builds its own clients."""
@@ -113,7 +115,7 @@ def fork_child(queue: str, slot: int, redis_url: str, settings: QueueSettings,
         for callback in forget:
             callback()
         run_child(child_end, queue, redis_url, settings, handler, max_jobs, floor_url,
-                  holdings, claimer)
+                  holdings, claimer, middleware)
     child_end.close()
     parent_end.setblocking(False)
     return Child(queue=queue, slot=slot, pid=pid, sock=parent_end,
@@ -151,7 +153,8 @@ class Children:
         forget = [*house.forget_in_child, self._sibling_forgetter()]
         try:
             child = fork_child(rt.spec.name, slot.index, settings.redis_url, rt.settings,
-                               rt.handler, settings.max_jobs, forget, settings.floor_url)
+                               rt.handler, settings.max_jobs, forget, settings.floor_url,
+                               house.middleware)
         finally:
             if house.floor is not None:
                 house.floor.resume_after_fork()

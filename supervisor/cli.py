@@ -37,6 +37,7 @@ SHOWN_DEFAULTS = {
     "tasks": "none",
     "processes": "1",
     "floor_url": "none: Valkey alone",
+    "outbox_url": "the floor's database",
     "durability": "folded with a floor, else volatile",
     "health_port": "none: no HTTP server",
     "config": "none",
@@ -78,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--processes", action="append", type=int,
                        help=f"consumer processes per queue {_env_help('processes')}")
     start.add_argument("--floor-url", help=f"SQL floor URL {_env_help('floor_url')}")
-    start.add_argument("--durability", choices=("volatile", "folded", "sync"),
+    start.add_argument("--outbox-url", help="the database of the transactional outbox "
+                       f"(tx=), the application's {_env_help('outbox_url')}")
+    start.add_argument("--durability", choices=("volatile", "folded", "sync", "durable"),
                        help=f"durability dial {_env_help('durability')}")
     start.add_argument("--beat-ms", type=int, help=f"beat in ms {_env_help('beat_ms')}")
     start.add_argument("--lease-ms", type=int, help=f"lease in ms {_env_help('lease_ms')}")
@@ -118,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--dashboard", action="store_true", default=None,
                        help=f"serve the dashboard at / of the health port "
                        f"{_env_help('dashboard')}")
+    start.add_argument("--middleware", action="append",
+                       help="MODULE:NAME of an echomq.Middleware (a class or factory is called "
+                       f"in each consumer); repeat or comma-separate {_env_help('middleware')}")
     start.add_argument("--dashboard-actions", action="store_true", default=None,
                        help="let the dashboard retry, cancel, pause and resume, for holders "
                        "of the token in ECHOMQ_DASHBOARD_TOKEN (required) "
@@ -126,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = sub.add_parser("migrate", help="upgrade the floor's schema to head")
     migrate.add_argument("--floor-url", help="SQL floor URL, required; a relative sqlite:/// "
                          f"path is from the working directory (env {ENV_VARS['floor_url']})")
+    migrate.add_argument("--outbox-url", help="also create the outbox table in this "
+                         f"database (the application's; env {ENV_VARS['outbox_url']})")
     migrate.add_argument("--revision", default="head",
                          help="the revision to migrate to (default: %(default)s)")
 
@@ -217,6 +225,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         redis_url=_pick(args, "redis_url") or file_cfg.get("redis_url") or DEFAULT_REDIS_URL,
         queues=tuple(specs),
         floor_url=_pick(args, "floor_url") or file_cfg.get("floor_url"),
+        outbox_url=_pick(args, "outbox_url") or file_cfg.get("outbox_url"),
         beat_ms=_number("beat_ms", _pick(args, "beat_ms"), int) or 1000,
         lease_ms=_number("lease_ms", _pick(args, "lease_ms"), int) or 30000,
         drain_timeout=_number("drain_timeout", _pick(args, "drain_timeout"), float)
@@ -239,6 +248,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         switch_doorbell=_flag(_pick(args, "switch_doorbell")),
         dashboard=dashboard if isinstance(dashboard, bool) else parse_bool(dashboard or "0"),
         dashboard_actions=actions if isinstance(actions, bool) else parse_bool(actions or "0"),
+        middleware=tuple(_split(_pick(args, "middleware"))),
     )
 
 
@@ -280,10 +290,23 @@ def cmd_start(args: argparse.Namespace) -> int:
     loops.loop_kind()  # a bad ECHOMQ_EVENT_LOOP fails here, not in every consumer's boot
     logs.setup(settings.log_json, settings.log_level)
     floor = _open_floor(settings.floor_url) if settings.floor_url else None
+    from echomq.supervisor.relay import open_outbox
     from echomq.supervisor.scheduler import make_factory
 
-    factory = make_factory(settings, floor)  # without a floor: a scheduler for crons alone
+    # the outbox: in the floor's database, or the one --outbox-url names
+    outbox_engine = open_outbox(settings.outbox_url, floor)
+    threads: dict[str, Any] = {}
+    # without a floor: a scheduler for crons alone
+    factory = make_factory(settings, floor, outbox_engine, threads)
     arbiter = Arbiter(settings, floor=floor, scheduler_factory=factory)
+    listener = None
+    if outbox_engine is not None and outbox_engine.dialect.name == "postgresql":
+        from echomq.supervisor.relay import Listener
+
+        listener = Listener(outbox_engine, lambda queue: [
+            # a copy: the arbiter's thread adds queues while this one pokes
+            t.poke() for name, t in list(threads.items()) if not queue or name == queue])
+        listener.start()
     health = None
     if settings.health_port is not None:
         health = Health(settings.health_host, settings.health_port, settings.redis_url,
@@ -298,6 +321,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     try:
         return arbiter.run()
     finally:
+        if listener is not None:
+            listener.close()
         if health is not None:
             health.stop()
 
@@ -342,17 +367,20 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     log_json = _pick(args, "log_json")
     logs.setup(parse_bool(log_json or "0"), _pick(args, "log_level") or "INFO")
-    url = _pick(args, "floor_url")
-    if not url:
-        raise ConfigError(f"migrate needs --floor-url (or {ENV_VARS['floor_url']})")
-    # no statement bound: a migration may rewrite a large table; its lock waits stay bounded
-    floor = Floor.from_url(url, statement_timeout_ms=0)
-    try:
-        floor.upgrade(args.revision)
-        logs.event(logging.getLogger("echomq.migrate"), "migrated", "floor %s at revision %s",
-                   floor.url_redacted, floor.current_revision())
-    finally:
-        floor.dispose()
+    urls = [u for u in (_pick(args, "floor_url"), _pick(args, "outbox_url")) if u]
+    if not urls:
+        raise ConfigError(f"migrate needs --floor-url (or {ENV_VARS['floor_url']}) "
+                          f"or --outbox-url (or {ENV_VARS['outbox_url']})")
+    for url in urls:  # the outbox's database gets the same (emq_-prefixed) tables
+        # no statement bound: a migration may rewrite a large table; its lock waits bounded
+        floor = Floor.from_url(url, statement_timeout_ms=0)
+        try:
+            floor.upgrade(args.revision)
+            logs.event(logging.getLogger("echomq.migrate"), "migrated",
+                       "floor %s at revision %s", floor.url_redacted,
+                       floor.current_revision())
+        finally:
+            floor.dispose()
     return 0
 
 

@@ -23,12 +23,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import croniter  # noqa: F401 - see below
 import redis
 
 from echomq import cron, scripts
 from echomq.cron import CronSpec
 from echomq.keys import Keys
 
+# croniter, imported above with the scheduler, in the main thread before any consumer is
+# forked or thread started: its import runs `file` in a subprocess (platform.architecture),
+# and a consumer forked while that subprocess's exec-status pipe is open keeps the pipe's
+# write end, so a scheduler thread importing it at its first cron hung until that consumer
+# exited (its leader lease lapsed, no cron fired, no outbox row was relayed)
 log = logging.getLogger("echomq.scheduler")
 MIRROR_TRIES = 3  # mirrors of Valkey's crons onto the floor in one beat while they change
 

@@ -24,7 +24,8 @@ from echomq.keys import Keys
 
 log = logging.getLogger("echomq.scheduler")
 BATCH = 1000
-SCHEDULED_STATES = ("scheduled", "waiting", "active")
+# states of a job the floor holds while it lives (a blocked one waits for dependencies)
+SCHEDULED_STATES = ("scheduled", "waiting", "active", "blocked")
 
 
 def _text(value: bytes | str) -> str:
@@ -97,7 +98,7 @@ class FloorWork:
             args += [job_id, reason]
             log.error("queue %s: job %s set aside: %s", self.queue, job_id, reason)
         scripts.BURY(self.client, [self.keys.schedule, self.keys.dead, self.keys.stats,
-                                   self.keys.spilled], args)
+                                   self.keys.spilled, self.keys.events], args)
         self.buried += len(pairs)
         self.buried_open += [job_id for job_id, _ in pairs]
         if close:

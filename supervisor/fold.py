@@ -4,7 +4,8 @@ The fold log (jobs that entered the schedule set) is written to the floor as row
 the closed log (jobs that completed, died or were cancelled) drops their rows, after
 copying a spilled job's row into its cancelled stub. When nobody folded for longer
 than the fold lease, or the logs outgrew their bound, a sweep folds what the logs
-missed: the schedule set, then the lanes, then the leases, a slice a tick.
+missed: the schedule set, then the lanes, then the leases, then the blocked jobs, a
+slice a tick.
 """
 
 from __future__ import annotations
@@ -108,12 +109,14 @@ class Folding(FloorWork):
 
     def _sweep(self) -> None:
         """Fold one batch of jobs nobody folded: the schedule set's first, then those
-        promoted meanwhile, on the lanes, then leased (the way jobs move, so one that
-        moves on during the sweep is met again). A job that moves back, from its lease to
-        its lane (a release, a reap, a drain's hand-back), may miss every phase: reap.lua
-        appends it to the fold log instead (the lead call that started the sweep renewed
-        the fold lease), as schedule.lua and settle.lua do a job entering the schedule
-        set. Idempotent with the fold log.
+        released or promoted meanwhile, on the lanes, then leased (the way jobs move, so
+        one that moves on during the sweep is met again), then the blocked ones (waitdeps).
+        A job that moves back, from its lease to its lane (a release, a reap, a drain's
+        hand-back), may miss every phase: reap.lua appends it to the fold log instead (the
+        lead call that started the sweep renewed the fold lease), as schedule.lua and
+        settle.lua do a job entering the schedule set, and deps.lua a blocked job whose
+        dependency ended (so one released during the sweep is logged as it leaves
+        waitdeps). Idempotent with the fold log.
 
         Other processes change these keys between two batches, so no batch is found by
         its rank: the sets are walked with ZSCAN (every member present from the first
@@ -132,10 +135,13 @@ class Folding(FloorWork):
             more = len(ids) == BATCH
             cursor += BATCH
         else:
-            key = self.keys.schedule if self.sweep_phase == "schedule" else self.keys.leases
+            key = {"blocked": self.keys.waitdeps, "schedule": self.keys.schedule}.get(
+                self.sweep_phase, self.keys.leases)
             cursor, pairs = self.client.zscan(key, cursor, count=BATCH)
             ids = [_text(member) for member, _ in pairs]
-            if self.sweep_phase == "schedule":
+            if self.sweep_phase == "blocked":
+                rows = self._rows(ids, ("blocked",))
+            elif self.sweep_phase == "schedule":
                 rows = self._rows(ids, ("scheduled",))
             else:
                 rows = self._rows(ids, ("active",), deferred_only=True)
@@ -158,6 +164,8 @@ class Folding(FloorWork):
         elif self.sweep_phase == "lanes":
             self.sweep_phase = "leases"
             self.sweep_lanes = []
+        elif self.sweep_phase == "leases":
+            self.sweep_phase = "blocked"
         else:
             self.sweep_offset = None
             self.sweep_phase = "schedule"

@@ -36,6 +36,7 @@ ENTRY_SIZE = 320
 _TIMES = struct.Struct("<dd")  # an entry's deadline and timeout, at _TIMES_AT
 _TIMES_AT = 11
 _DROPPED = struct.Struct("<I")
+_ASYNC_AT = 314  # an entry's spare byte: 1 while it runs as a coroutine (not in a thread)
 assert _ENTRY.size <= ENTRY_SIZE and _HEADER.size <= HEADER_SIZE
 
 
@@ -49,6 +50,7 @@ class Held:
     seq: int
     deadline: float
     timeout: float
+    in_thread: bool = True  # a sync handler (the process must end to stop it)
 
     @property
     def pair(self) -> tuple[str, str]:
@@ -90,14 +92,18 @@ class Holdings:
             # struct's "s" cuts a longer value to its size; the length fields are cut alike
             pack(mem, base, FREE, min(len(raw_id), ID_MAX), min(len(raw_token), TOKEN_MAX),
                  self._seq, 0.0, 0.0, raw_id, raw_token)
+            mem[base + _ASYNC_AT] = 0
             mem[base] = HELD  # last: the entry is complete before it counts
 
-    def start(self, job_id: str, deadline: float = 0.0, timeout: float = 0.0) -> None:
-        """A held job starts running; ``deadline`` (monotonic) is for the parent to enforce."""
+    def start(self, job_id: str, deadline: float = 0.0, timeout: float = 0.0,
+              in_thread: bool = True) -> None:
+        """A held job starts running; ``deadline`` (monotonic) is for the parent to enforce;
+        ``in_thread`` False: a coroutine, which a cancel stops inside the process."""
         entry = self._held.get(job_id)
         if entry is None:
             return
         base = HEADER_SIZE + entry[0] * ENTRY_SIZE
+        self.mem[base + _ASYNC_AT] = 0 if in_thread else 1
         if not deadline:
             self.mem[base] = RUNNING
             return
@@ -173,7 +179,7 @@ class Holdings:
                 _ENTRY.unpack_from(mem, base))
             out.append(Held(raw_id[:id_len].decode("ascii", "replace"),
                             raw_token[:tok_len].decode("ascii", "replace"),
-                            state, seq, deadline, timeout))
+                            state, seq, deadline, timeout, mem[base + _ASYNC_AT] != 1))
         out.sort(key=lambda h: h.seq)
         return out
 

@@ -56,7 +56,7 @@ class Leases:
         draining: running jobs keep their leases)."""
         self.enforce_time_limits(now)
         if now >= self.next_extend:
-            self.extend()
+            self.extend(now)
             self.next_extend = now + self.house.settings.lease_ms / 3000
 
     def recycle(self, now: float) -> None:
@@ -88,11 +88,13 @@ class Leases:
                 except ProcessLookupError:
                     pass
 
-    def extend(self) -> None:
+    def extend(self, now: float) -> None:
         """Extend every lease a live child has: what its holdings list, and what its claims
         record names beyond them (a claim sent ahead is leased before the child reads its
         reply and holds it, which a long job before it can delay past a lease). Pairs the
-        child settled or handed back meanwhile match no token and are left as they are."""
+        child settled or handed back meanwhile match no token and are left as they are.
+        An extension the server refuses (out of memory under noeviction refuses it while a
+        reap still runs) marks the queue down: nothing is reaped until it takes writes."""
         for rt in self.house.queues.values():
             try:
                 held = []
@@ -115,6 +117,8 @@ class Leases:
                     scripts.extend(self.house.client, rt.metronome.keys, rt.settings.lease_ms, held)
             except UNAVAILABLE_ERRORS as exc:
                 log.warning("queue %s: lease extension failed: %s", rt.spec.name, exc)
+                if rt.healthy:
+                    self.house.queue_down(rt, now, exc)
 
     def recycle_over_memory(self) -> None:
         """Stop each child over the memory limit after its job; its slot respawns."""

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+from echomq.logcontext import JobContextFilter
+
 EVENT_FIELDS = ("event", "queue", "pid", "job_id", "exit", "signal", "delay_s", "count",
                 "stalled", "job_name", "lane", "attempt", "max_attempts")
 
@@ -38,6 +40,7 @@ def setup(json_lines: bool, level: str = "INFO") -> None:
     else:
         handler.setFormatter(logging.Formatter(
             "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"))
+    handler.addFilter(JobContextFilter())  # job_id, queue, lane, attempt inside a handler
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -73,7 +73,7 @@ class SupervisorCollector:
             except redis.exceptions.RedisError:
                 reachable = 0.0
                 continue
-            kept = (*values[:5], values[8])
+            kept = (*values[:5], values[8], values[10])
             for state, value in zip(STATES, kept, strict=True):
                 if state != "completed":
                     depth.add_metric([name, state], float(value))

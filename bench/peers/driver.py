@@ -44,6 +44,9 @@ class Workers:
                  count_file: str, concurrency: int = 0) -> None:
         env = {"BENCH_REDIS_URL": url, "BENCH_COUNT_FILE": count_file,
                "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        if peerlib.store_results():
+            env["BENCH_STORE_RESULTS"] = "1"
+        env.update(getattr(mod, "worker_env", lambda purpose: {})(purpose))
         if concurrency:
             env["BENCH_CONCURRENCY"] = str(concurrency)
             # the argv below reads it too (--threads, -w, --concurrency), in this process
@@ -64,6 +67,25 @@ class Workers:
         if not self.alive():
             raise RuntimeError(f"a worker exited early:\n{self.tail()}")
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) used so far by the workers' process trees, children
+        already reaped included (RQ's forking worker)."""
+        import psutil
+
+        total = 0.0
+        for p in self.procs:
+            try:
+                top = psutil.Process(p.pid)
+                t = top.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+                for c in top.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        ct = c.cpu_times()
+                        total += ct.user + ct.system
+            except psutil.Error:
+                pass
+        return total
+
     def stop(self) -> None:
         # note the whole tree first: a pool child whose master exits is re-parented
         tree = [c for p in self.procs for c in bl._descendants(p.pid)]
@@ -75,6 +97,12 @@ class Workers:
         for c in tree:
             with contextlib.suppress(Exception):
                 c.kill()
+
+
+def server_cpu_s(r: redis.Redis) -> float:
+    """The server's own CPU seconds so far (INFO cpu: user + sys, main thread and others)."""
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def file_count(path: str) -> int:
@@ -137,13 +165,18 @@ def w_drain(mod: ModuleType, r: redis.Redis, a: argparse.Namespace) -> dict[str,
     try:
         deadline = time.monotonic() + a.max_s + 120  # the extra: worker start-up
         first_t = first_n = None
+        cpu0 = srv0 = 0.0
         n = 0
         while True:
             n = file_count(a.count_file)
             now = time.perf_counter()
             if first_t is None and n > 0:
                 first_t, first_n = now, n
+                cpu0, srv0 = workers.cpu_s(), server_cpu_s(r)
             if n >= a.jobs or (first_t is not None and now - first_t >= a.max_s):
+                cpu1, srv1 = workers.cpu_s(), server_cpu_s(r)
+                n = file_count(a.count_file)  # the jobs the CPU readings cover
+                now = time.perf_counter()
                 break
             workers.check()
             if time.monotonic() > deadline:
@@ -153,25 +186,38 @@ def w_drain(mod: ModuleType, r: redis.Redis, a: argparse.Namespace) -> dict[str,
         workers.stop()
     assert first_t is not None and first_n is not None
     elapsed = max(now - first_t, 1e-9)
+    jobs = max(n - first_n, 1)
     return {"rate": (n - first_n) / elapsed, "done": n, "complete": n >= a.jobs,
+            # CPU per job over the same window: steadier than a rate on a shared machine
+            "worker_cpu_us": (cpu1 - cpu0) / jobs * 1e6,
+            "server_cpu_us": (srv1 - srv0) / jobs * 1e6,
+            "cpu_us": (cpu1 - cpu0 + srv1 - srv0) / jobs * 1e6,
             "drain_s": elapsed, "boot_s": first_t - workers.launched, "fill_rate": fill_rate}
 
 
 def w_enqueue(mod: ModuleType, r: redis.Redis, a: argparse.Namespace) -> dict[str, Any]:
     prod = mod.Producer(a.redis_url)
     prod.enqueue("noop")  # connect, load scripts
-    t0 = time.perf_counter()
+    lat = []
+    clock = time.perf_counter
+    s0, c0, t0 = server_cpu_s(r), time.process_time(), clock()
     for _ in range(a.jobs):
+        t = clock()
         prod.enqueue("noop")
-    one = a.jobs / (time.perf_counter() - t0)
+        lat.append(clock() - t)
+    elapsed, cpu, srv = clock() - t0, time.process_time() - c0, server_cpu_s(r) - s0
+    one = a.jobs / elapsed
     r.flushall()
     bulk = None
-    if getattr(mod, "BULK", False):
+    if getattr(mod, "BULK", False) and a.bulk_jobs:
         t0 = time.perf_counter()
         prod.enqueue_bulk(a.bulk_jobs)
         bulk = a.bulk_jobs / (time.perf_counter() - t0)
     prod.close()
-    return {"one_rate": one, "bulk_rate": bulk}
+    return {"one_rate": one, "bulk_rate": bulk, "p50_ms": bl.pct(lat, 50) * 1000,
+            "p99_ms": bl.pct(lat, 99) * 1000,
+            # the producer's own CPU (all its threads) and the server's, per add
+            "client_cpu_us": cpu / a.jobs * 1e6, "server_cpu_us": srv / a.jobs * 1e6}
 
 
 def w_pickup(mod: ModuleType, r: redis.Redis, a: argparse.Namespace) -> dict[str, Any]:
@@ -270,6 +316,8 @@ def main() -> int:
                     help="in-flight jobs per worker process (0: the system's default)")
     a = ap.parse_args()
     os.environ["BENCH_REDIS_URL"] = a.redis_url
+    if a.workload == "drain" and a.kind == "payload":  # results kept by every system
+        os.environ["BENCH_STORE_RESULTS"] = "1"
     fd, a.count_file = tempfile.mkstemp(prefix="bench-count-")
     os.close(fd)
     os.environ["BENCH_COUNT_FILE"] = a.count_file

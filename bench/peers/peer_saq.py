@@ -1,5 +1,10 @@
-"""SAQ: `saq peer_saq.settings --workers N` (asyncio, concurrency 10 by default, JSON by
-default), `Queue.enqueue` (no bulk API), `scheduled=` epoch seconds for delays."""
+"""SAQ: `saq peer_saq.settings --workers N` (asyncio, concurrency 50, JSON by default),
+`Queue.enqueue` (no bulk API), `scheduled=` epoch seconds for delays.
+
+Its best settings: concurrency 50 per process (10 by default) and each job enqueued with
+``ttl=-1`` (SAQ's job field: the job's hash, result included, is not kept after it
+finishes; the default keeps it 600 s), but for the payload row, where every system keeps
+its results."""
 
 from __future__ import annotations
 
@@ -13,8 +18,10 @@ import peerlib
 
 NAME = "saq"
 PACKAGES = ("saq", "redis")
-CONFIG = ("`saq peer_saq.settings --workers N` (defaults: concurrency 10, schedule poll 1 s, "
-          "JSON); `enqueue` one by one (no bulk API; fills use asyncio.gather), `scheduled=`")
+CONFIG = ("`saq peer_saq.settings --workers N` (concurrency 50, schedule poll 1 s, JSON); "
+          "`enqueue(..., ttl=-1)` but for the payload row, one by one (no bulk API; fills use "
+          "asyncio.gather), `scheduled=`")
+TTL = 600 if peerlib.store_results() else -1  # -1: not kept once done; 600 s: its default
 BULK = False
 
 
@@ -39,7 +46,7 @@ def _queue(url: str) -> Any:
 settings = {
     "queue": _queue(os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:1/0")),
     "functions": [noop, record, work],
-    "concurrency": peerlib.concurrency(10),
+    "concurrency": peerlib.concurrency(50),
 }
 
 
@@ -47,17 +54,18 @@ class Producer:
     def __init__(self, url: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.q = _queue(url)
-        self.loop.run_until_complete(self.q.connect())
+        if hasattr(self.q, "connect"):  # SAQ < 0.9 (later ones connect on first use)
+            self.loop.run_until_complete(self.q.connect())
 
     def enqueue(self, kind: str, t: float | None = None) -> None:
         if kind == "noop":
-            self.loop.run_until_complete(self.q.enqueue("noop"))
+            self.loop.run_until_complete(self.q.enqueue("noop", ttl=TTL))
         else:
-            self.loop.run_until_complete(self.q.enqueue("record", t=t))
+            self.loop.run_until_complete(self.q.enqueue("record", t=t, ttl=TTL))
 
     def enqueue_delayed(self, t: float, delay: float) -> None:
         self.loop.run_until_complete(
-            self.q.enqueue("record", t=t, scheduled=time.time() + delay))
+            self.q.enqueue("record", t=t, scheduled=time.time() + delay, ttl=TTL))
 
     def _gather(self, coros: list[Any]) -> None:
         async def run() -> None:
@@ -66,12 +74,12 @@ class Producer:
 
     def fill(self, n: int) -> None:
         for i in range(0, n, 500):
-            self._gather([self.q.enqueue("noop") for _ in range(min(500, n - i))])
+            self._gather([self.q.enqueue("noop", ttl=TTL) for _ in range(min(500, n - i))])
 
     def fill_kind(self, n: int, kind: str) -> None:
         data = peerlib.data_for(kind)
         for i in range(0, n, 500):
-            self._gather([self.q.enqueue("work", kind=kind, data=data)
+            self._gather([self.q.enqueue("work", kind=kind, data=data, ttl=TTL)
                           for _ in range(min(500, n - i))])
 
     def fill_delayed(self, delays: list[float]) -> None:

@@ -1,6 +1,10 @@
 """streaq: `streaq run peer_streaq:worker --workers N` (asyncio on Redis streams;
 concurrency 16 per process, its default), `task.enqueue()` / bulk `Worker.enqueue_many`,
-`.start(delay=)` for delays."""
+`.start(delay=)` for delays.
+
+Its best settings (the task decorator's documented options): ``silent=True`` (it logs two
+INFO lines per job otherwise) and ``ttl=0`` (no result stored; the default keeps each for
+five minutes), but for the payload row, where every system keeps its results."""
 
 from __future__ import annotations
 
@@ -18,8 +22,10 @@ from streaq import Worker
 
 NAME = "streaq"
 PACKAGES = ("streaq", "coredis")
-CONFIG = ("`streaq run peer_streaq:worker --workers N` (concurrency 16, defaults); I/O: "
-          "concurrency 100 per process; `enqueue`, bulk `enqueue_many`, `.start(delay=)`")
+CONFIG = ("`streaq run peer_streaq:worker --workers N` (concurrency 16); tasks silent=True, "
+          "ttl=0 but for the payload row; I/O: concurrency 100 per process; `enqueue`, bulk "
+          "`enqueue_many`, `.start(delay=)`")
+TASK = {"silent": True, "ttl": timedelta(minutes=5) if peerlib.store_results() else 0}
 BULK = True
 
 worker: Worker[Any] = Worker(
@@ -27,17 +33,17 @@ worker: Worker[Any] = Worker(
     queue_name=peerlib.QUEUE, concurrency=peerlib.concurrency(16))
 
 
-@worker.task()
+@worker.task(**TASK)
 async def noop() -> None:
     peerlib.count()
 
 
-@worker.task()
+@worker.task(**TASK)
 async def record(t: float) -> None:
     peerlib.record(t)
 
 
-@worker.task()
+@worker.task(**TASK)
 async def work(kind: str, data: Any = None) -> Any:
     return await peerlib.awork(kind, data)
 

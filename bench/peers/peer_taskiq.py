@@ -16,11 +16,18 @@ from taskiq_redis import RedisStreamBroker
 NAME = "taskiq"
 PACKAGES = ("taskiq", "taskiq-redis", "redis")
 CONFIG = ("`taskiq worker peer_taskiq:broker --workers N` (RedisStreamBroker, defaults); "
-          "I/O: `--max-async-tasks 100`; `kiq()` one by one (no bulk API; fills gather)")
+          "I/O: `--max-async-tasks 100`; a Redis result backend for the payload row; `kiq()` "
+          "one by one (no bulk API; fills gather)")
 BULK = False
 
 broker = RedisStreamBroker(url=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:1/0"),
                            queue_name=peerlib.QUEUE)
+if peerlib.store_results():  # the payload row: every system keeps its results there
+    from taskiq_redis import RedisAsyncResultBackend
+
+    broker = broker.with_result_backend(RedisAsyncResultBackend(
+        redis_url=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:1/0"),
+        result_ex_time=3600))
 
 
 @broker.task(task_name="noop")

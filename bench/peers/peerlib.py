@@ -97,6 +97,13 @@ async def awork(kind: str, data: Any = None) -> Any:
     return work(kind, data)
 
 
+def store_results() -> bool:
+    """True when the driver asks every system to keep each job's result (the payload
+    row: EchoMQ always keeps a completed job's result, so every peer keeps its own too);
+    otherwise each peer runs with results off where that is its best setting."""
+    return os.environ.get("BENCH_STORE_RESULTS") == "1"
+
+
 def concurrency(default: int) -> int:
     """In-flight jobs per worker process asked by the driver (``BENCH_CONCURRENCY``)."""
     return int(os.environ.get("BENCH_CONCURRENCY") or default)

@@ -334,18 +334,23 @@ def main(path: str) -> int:
                 "the same way for all: the no-op handler appends one byte to a file whose "
                 "size the driver polls every 5 ms. **× EchoMQ** is the system's figure "
                 "divided by EchoMQ's (above 1 means more: better for throughput, worse for "
-                "latency, commands and memory).", ""]
+                "latency, commands and memory).", "",
+                (HERE / "settings.md").read_text().rstrip("\n"), ""]
         if chart(peers):
             out += ["![throughput and pickup latency per system](benchmarks.png)", ""]
-        out += ["### 1. Drain throughput (no-op jobs, 20,000 queued, then workers start)", "",
-                peers.metric_table("drain×1", [("1 process jobs/s", "rate", ",.0f")]), "",
-                peers.metric_table("drain×2", [("2 processes jobs/s", "rate", ",.0f")],
+        cpu = ("CPU µs/job (workers + server)", "cpu_us", ",.0f")
+        out += ["### 1. Drain throughput (no-op jobs, 200,000 queued, then workers start)", "",
+                "Each rate sits beside the CPU time the workers and the server spent per job "
+                "over the same window (from `/proc` and the server's `INFO cpu`): steadier "
+                "than a rate on a shared machine, lower is better.", "",
+                peers.metric_table("drain×1", [("1 process jobs/s", "rate", ",.0f"), cpu]), "",
+                peers.metric_table("drain×2", [("2 processes jobs/s", "rate", ",.0f"), cpu],
                                    peers.cut_note("drain×1", "drain×2")), "",
                 "### 1b. Drains that look like real jobs", "",
-                peers.metric_table("1 KiB×1", [("1 KiB payload, 200 B result, 1 process jobs/s",
-                                                 "rate", ",.0f")]), "",
+                peers.metric_table("1 KiB×1", [("1 KiB payload, 200 B result kept, 1 process "
+                                                 "jobs/s", "rate", ",.0f"), cpu]), "",
                 peers.metric_table("cpu×1", [("~100 µs CPU per job, 1 process jobs/s", "rate",
-                                               ",.0f")]), "",
+                                               ",.0f"), cpu]), "",
                 peers.metric_table("io×2 (200)", [("50 ms I/O, 2 processes × 100 in flight "
                                                    "jobs/s (ideal 4,000)", "rate", ",.0f")]), "",
                 peers.metric_table("io×2 (2000)", [("50 ms I/O, 2 processes × 1,000 in flight "

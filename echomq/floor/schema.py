@@ -7,7 +7,18 @@ code never calls ``metadata.create_all``.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Column, Index, MetaData, String, Table, Text, false
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    false,
+)
 
 # Our own version table, so a floor can share a database with an application
 # that runs its own Alembic migrations (whose table is ``alembic_version``).
@@ -26,6 +37,8 @@ jobs = Table(
     Column("fields", Text, nullable=False),
     Column("created_ms", BigInteger),
     Column("updated_ms", BigInteger),
+    # (revision 0004) a "durable" producer's admit order: rehydration keeps lanes in it
+    Column("seq", BigInteger),
 )
 
 Index("ix_emq_floor_jobs_queue_spilled_due", jobs.c.queue, jobs.c.spilled, jobs.c.due_ms)
@@ -60,3 +73,19 @@ lane_limits = Table(
     Column("value", String(128), nullable=False),
     Column("updated_ms", BigInteger),
 )
+
+# The transactional outbox (revision 0004): jobs written in an application's transaction
+# (``Queue.add(..., tx=conn)``), admitted to Valkey by the leader scheduler after commit.
+outbox = Table(
+    "emq_outbox",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+           autoincrement=True),
+    Column("queue", String(128), nullable=False),
+    Column("job_id", String(255), nullable=False),
+    # the job as its admit takes it: JSON {"args": [...], "due": int | null}
+    Column("spec", Text, nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+)
+
+Index("ix_emq_outbox_queue_id", outbox.c.queue, outbox.c.id)

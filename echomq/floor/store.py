@@ -60,6 +60,7 @@ class FloorRow:
     fields: dict[str, str]
     spilled: bool = False
     error: str | None = None
+    seq: int | None = None  # a "durable" producer's admit order (rehydration keeps it)
 
 
 class Floor:
@@ -74,6 +75,11 @@ class Floor:
         self._sqlite = engine.dialect.name == "sqlite"
         self._password = engine.url.password
         self.url_redacted = redact_url(engine.url)
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine under this floor (the outbox relay reads through it)."""
+        return self._engine
 
     @classmethod
     def from_url(cls, url: str, **engine_options: Any) -> Floor:
@@ -184,18 +190,21 @@ class Floor:
             conn.execute(stmt, params)  # executemany: one prepared statement, many rows
         return len(params)
 
-    def write_through(self, queue: str, rows: Sequence[FloorRow]) -> int:
+    def write_through(self, queue: str, rows: Sequence[FloorRow],
+                      conn: Connection | None = None) -> int:
         """A producer's or consumer's write (durability "sync"), unfenced: insert the rows
         (not spilled), or update those not spilled. A spilled row is the leader's alone:
         the job left Valkey after this write's read, and only a restore may unspill it.
-        Returns the rows sent."""
+        ``conn``: a transaction of the caller's on this floor's database to write in (the
+        outbox relay's, on a SQLite file it holds the write lock of). Returns the rows sent."""
         if not rows:
             return 0
         now = _now_ms()
         unique = {row.job_id: row for row in rows}
         params = [
             {"queue": queue, "job_id": row.job_id, "due_ms": row.due_ms, "spilled": False,
-             "fields": _dump(row.fields), "created_ms": now, "updated_ms": now}
+             "fields": _dump(row.fields), "created_ms": now, "updated_ms": now,
+             "seq": row.seq}
             for row in unique.values()
         ]
         stmt = self._insert(jobs)
@@ -204,8 +213,11 @@ class Floor:
             set_={name: stmt.excluded[name] for name in ("due_ms", "fields", "updated_ms")},
             where=jobs.c.spilled == false(),
         )
-        with self._write("write_through", queue, None) as conn:
+        if conn is not None:
             conn.execute(stmt, params)
+            return len(params)
+        with self._write("write_through", queue, None) as own:
+            own.execute(stmt, params)
         return len(params)
 
     def close(self) -> None:
@@ -379,6 +391,23 @@ class Floor:
         with self._guard("open_rows"), self._engine.connect() as conn:
             return [_row(job_id, due_ms, fields, bool(spilled))
                     for job_id, due_ms, fields, spilled in conn.execute(stmt)]
+
+    def rows_in_order(self, queue: str, after: tuple[int, str] | None, limit: int
+                      ) -> list[FloorRow]:
+        """Up to ``limit`` rows of ``queue`` in admit order (a "durable" producer's ``seq``,
+        rows without one first, then by job id), after the ``(seq, job_id)`` ``after``:
+        rehydration's walk, which puts waiting jobs back on their lanes in that order."""
+        order = func.coalesce(jobs.c.seq, 0)
+        stmt = select(jobs.c.job_id, jobs.c.due_ms, jobs.c.fields, jobs.c.spilled,
+                      order).where(jobs.c.queue == queue)
+        if after is not None:
+            stmt = stmt.where((order > after[0])
+                              | ((order == after[0]) & (jobs.c.job_id > after[1])))
+        stmt = stmt.order_by(order, jobs.c.job_id).limit(limit)
+        with self._guard("rows_in_order"), self._engine.connect() as conn:
+            return [FloorRow(r.job_id, r.due_ms, r.fields, r.spilled, r.error, int(seq))
+                    for *cols, seq in conn.execute(stmt)
+                    for r in [_row(cols[0], cols[1], cols[2], bool(cols[3]))]]
 
     def rows(self, queue: str, job_ids: Iterable[str]) -> list[FloorRow]:
         """The rows of these jobs that are on the floor (any order; absent ids are left out)."""

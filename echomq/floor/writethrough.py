@@ -42,5 +42,37 @@ def scheduled_rows(job_ids: Sequence[str], hashes: Sequence[Mapping[Any, Any]]
     return rows
 
 
+LIVE_STATES = ("scheduled", "waiting", "active")
+CURRENT_TRIES = 5  # writes of one job's row while other adds keep changing it
+
+
+def current_row(job_id: str, raw: Mapping[Any, Any]) -> FloorRow | None:
+    """The floor row of a job from its hash, in whatever live state it is (a debounced job
+    a beat promoted already is waiting or active); None for a finished, spilled or
+    malformed one."""
+    h: dict[str, Any] = {_text(k): _text(v) for k, v in raw.items()}
+    if h.get("state") not in LIVE_STATES or h.get("spilled"):
+        return None
+    due = (h.get("due_ms") if h["state"] == "scheduled" else h.get("created_ms")) or ""
+    return FloorRow(job_id=job_id, due_ms=int(due), fields=h) if due.isdigit() else None
+
+
+def write_current(client: redis.Redis, keys: Keys, floor: Floor, job_id: str) -> None:
+    """Write a job's row from its hash until the hash read after the write is the one
+    written: another add that changed the job meanwhile (a debounced job gathering a
+    payload) may have written its newer row before this older one overwrote it, so the
+    last writer's row is the newest."""
+    raw = client.hgetall(keys.job(job_id))
+    for _ in range(CURRENT_TRIES):
+        row = current_row(job_id, raw)
+        if row is None:
+            return
+        floor.write_through(keys.queue, [row])
+        again = client.hgetall(keys.job(job_id))
+        if again == raw:
+            return
+        raw = again
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value

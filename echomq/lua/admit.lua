@@ -15,6 +15,7 @@
     KEYS[4] stats    counters (field "waiting": ids on the lanes)
     KEYS[5] paused   string, present while the queue is paused
     KEYS[6] prios    zset of priority levels above 0 in use
+    KEYS[7] events   capped stream of job events
     ARGV[1] key prefix "emq:{q}:"  (job hashes and lane lists are built from it)
     ARGV[2] n, the number of jobs
     ARGV[3..] per job, 11 values: id, name, payload, lane, max_attempts, max_stalls, backoff,
@@ -24,6 +25,7 @@
   Output:
     an array of n integers: 1 admitted, 0 already existed
 ]]
+--!include events
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
@@ -75,6 +77,7 @@ for i = 0, n - 1 do
     end
     out[i + 1] = 1
     admitted = true
+    event('added', id, lane)
   end
 end
 push_run()
@@ -91,4 +94,5 @@ if admitted then
     end
   end
 end
+flush_events(KEYS[7])  -- events
 return out

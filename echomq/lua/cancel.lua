@@ -29,12 +29,15 @@
     KEYS[6] stats      counters (field "waiting": ids on the lanes)
     KEYS[7] spilled    set of ids held by the floor alone
     KEYS[8] blocked    set of "<p>|<lane>" taken off ring <p> at a limit
+    KEYS[9] events     capped stream of job events
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] job id
 
   Output:
     1 cancelled, 0 no such job, 2 refused: active, 3 refused: already finished
 ]]
+--!include events
+--!include deps
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
@@ -48,6 +51,8 @@ if not state then
     'finished_ms', now, 'error', 'cancelled', 'deferred', 1, 'spilled', 1)
   redis.call('ZADD', KEYS[3], now, id)
   redis.call('RPUSH', KEYS[5], id)  -- a spilled job means a floor, whatever the fold lease
+  event('cancelled', id, 'default')
+  flush_events(KEYS[9])  -- events
   return 1
 end
 if state == 'active' then return 2 end
@@ -69,12 +74,16 @@ elseif state == 'scheduled' and f[6] == '1' then
   redis.call('SREM', KEYS[7], id)
 elseif state == 'scheduled' then
   redis.call('ZREM', KEYS[1], id)
+elseif state == 'blocked' then  -- waits for dependencies (deps.lua)
+  redis.call('ZREM', prefix .. 'waitdeps', id)
+  redis.call('HDEL', jk, 'deps_left')
 else
   return 3
 end
 redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', now, 'token', '',
   'error', 'cancelled')  -- not the error of an earlier failed attempt
 redis.call('ZADD', KEYS[3], now, id)
+event('cancelled', id, f[2])
 if f[6] == '1' then
   redis.call('RPUSH', KEYS[5], id)  -- a spilled job means a floor, whatever the fold lease
 elseif f[3] == '1' and (tonumber(redis.call('HGET', KEYS[4], 'fold') or '') or 0) >= now then
@@ -85,4 +94,7 @@ if f[4] then
   redis.call('LPUSH', done, 'x')
   redis.call('PEXPIRE', done, 60000)
 end
+deps_ended(prefix, now, id, 'x')  -- the jobs that wait for it (deps.lua)
+deps_flush(prefix)
+flush_events(KEYS[9])  -- events
 return 1

@@ -5,7 +5,10 @@
   that lane, so a lane with 10,000 jobs and a lane with 1 alternate. A lane
   left empty leaves the ring. Each claimed job gets attempts + 1, a fresh
   lease token and a lease in the leases zset, expiring lease_ms from the
-  server's clock. Ids whose hash is missing are dropped. A job marked to run
+  server's clock. Ids whose hash is missing are dropped; a job past its "expires_ms"
+  is not leased but cancelled with error "expired" (in the cancelled zset, out of the
+  expiring zset, its waiter woken, its floor row closed, its event recorded, the jobs
+  that wait for it told (deps.lua); keys built from the prefix). A job marked to run
   alone (released as a suspect of a process crash, see reap.lua) says so in
   its reply; the mark stays until the job settles, so one handed back before it
   ran (a stop, a crash of another job) still runs alone. With the chain
@@ -49,6 +52,7 @@
     KEYS[10] blocked  set of "<p>|<lane>" taken off ring <p> at a limit
     KEYS[11] lanewake zset of rate-limited lanes by the time their window opens (ms)
     KEYS[12] schedule zset of deferred job ids by due time (ms)
+    KEYS[13] events   capped stream of job events
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] lease_ms
     ARGV[3] count, the most jobs to claim
@@ -62,6 +66,8 @@
     timeout_ms ('' when the job has no time limit of its own), trace ('' for none),
     alone ('1' when the job must run with no other job beside it in its process)
 ]]
+--!include events
+--!include deps
 if redis.call('EXISTS', KEYS[6]) == 1 then return {} end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -85,13 +91,35 @@ local popped = 0
 local remains = false
 local skipped_out = false
 
--- lease one popped id; returns its job key and token, or nil when the hash is gone
+-- a popped job past its expiry (Queue.add(expires=)) never starts: cancelled, "expired"
+local function expire(id, jk, lane)
+  local g = redis.call('HMGET', jk, 'deferred', 'waited')
+  event('cancelled', id, lane, nil, 'expired')
+  redis.call('HSET', jk, 'state', 'cancelled', 'finished_ms', now, 'token', '', 'error', 'expired')
+  redis.call('ZADD', prefix .. 'cancelled', now, id)
+  redis.call('ZREM', prefix .. 'expiring', id)
+  if g[1] == '1' and (tonumber(redis.call('HGET', prefix .. 'meta', 'fold') or '') or 0) >= now then
+    redis.call('RPUSH', prefix .. 'closed', id)
+  end
+  if g[2] then
+    redis.call('LPUSH', prefix .. 'done:' .. id, 'x')
+    redis.call('PEXPIRE', prefix .. 'done:' .. id, 60000)
+  end
+  deps_ended(prefix, now, id, 'x')  -- the jobs that wait for it (deps.lua)
+end
+
+-- lease one popped id; returns its job key and token, or nil when the hash is gone (or
+-- the job expired)
 local function take(id, lane, held)
   popped = popped + 1
   local jk = prefix .. 'job:' .. id
   local f = redis.call('HMGET', jk, 'name', 'payload', 'attempts', 'max_attempts',
-    'backoff', 'created_ms', 'timeout_ms', 'trace', 'alone')
+    'backoff', 'created_ms', 'timeout_ms', 'trace', 'alone', 'expires_ms')
   if not f[1] then return nil end
+  if f[10] and tonumber(f[10]) <= now then
+    expire(id, jk, lane)
+    return nil
+  end
   if not token_base then
     -- tokens never fall behind the server clock in us, so a counter that restarts
     -- (Valkey lost its data, or came back from an older snapshot) still issues
@@ -105,13 +133,15 @@ local function take(id, lane, held)
   end
   local token = string.format('%d', token_base + claimed + 1)
   local attempts = (tonumber(f[3]) or 0) + 1  -- a malformed count reads as none
+  local attempts_text = tostring(attempts)  -- converted once for the hash and the event
   if held then
-    redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
+    redis.call('HSET', jk, 'state', 'active', 'attempts', attempts_text, 'token', token,
       'started_ms', now, 'held', held)
   else
-    redis.call('HSET', jk, 'state', 'active', 'attempts', attempts, 'token', token,
+    redis.call('HSET', jk, 'state', 'active', 'attempts', attempts_text, 'token', token,
       'started_ms', now)
   end
+  event('started', id, lane, attempts_text)
   leased[2 * claimed + 1] = expiry
   leased[2 * claimed + 2] = id
   local n = #out
@@ -188,11 +218,12 @@ else
   local limited = flow == 2 or #levels == 1  -- no priority levels: the limits hash exists
   local cache = {}
   local default = nil
+  local queue_only = false  -- the limits hash holds the queue-wide limit alone
   local function limit_of(lane)
     local l = cache[lane]
     if l == nil then
       l = {}
-      if limited then
+      if limited and not queue_only then
         local f = redis.call('HMGET', KEYS[7], lane, '*')
         local own = parse(f[1])
         if default == nil then default = parse(f[2]) end
@@ -233,6 +264,37 @@ else
     end
     return nil
   end
+  -- the queue-wide limit (limits field "@queue", set_queue_limit): it and the lanes' both
+  -- hold. Active jobs are the leases; a claim cut short by max_active leaves "qfull", so
+  -- the settle that frees a slot rings; a full rate window puts "@queue" in the lane wake
+  -- zset and "0|@queue" in the blocked set, so promote rings when the window opens (it
+  -- pushes "@queue" on the ring, which a claim drops)
+  local qrate = nil
+  if limited then
+    local qtext = redis.call('HGET', KEYS[7], '@queue')
+    local ql = parse(qtext)
+    queue_only = qtext ~= false and redis.call('HLEN', KEYS[7]) == 1
+    local room = nil
+    if ql.max then
+      room = ql.max - redis.call('ZCARD', KEYS[2])
+      if room < count then redis.call('SET', prefix .. 'qfull', '1') end
+    end
+    if ql.rate then
+      qrate = ql
+      local sk = prefix .. 'starts:@queue'
+      redis.call('ZREMRANGEBYSCORE', sk, '-inf', now - ql.per)
+      local left = ql.rate - redis.call('ZCARD', sk)
+      if left <= 0 then
+        local oldest = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
+        local at = tonumber(oldest[2]) + ql.per
+        redis.call('ZADD', KEYS[11], at, '@queue')
+        redis.call('SADD', KEYS[10], '0|@queue')
+        wake_at = at
+      end
+      if room == nil or left < room then room = left end
+    end
+    if room and room < count then count = math.max(room, 0) end
+  end
   local li = 1
   local skips = 0  -- lanes taken off at a limit: not turns, each leaves its ring
   while claimed < count and turns < count * 4 and skips < 1000 and levels[li] do
@@ -242,6 +304,8 @@ else
     if not lane then
       if p > 0 and redis.call('SCARD', KEYS[10]) == 0 then redis.call('ZREM', KEYS[8], p) end
       li = li + 1
+    elseif lane == '@queue' then
+      redis.call('LREM', rk, -1, lane)  -- pushed by promote as the queue's window opened
     else
       turns = turns + 1
       local l = limit_of(lane)
@@ -273,6 +337,11 @@ else
     end
   end
   skipped_out = skips >= 1000
+  if qrate and claimed > 0 then
+    local sk = prefix .. 'starts:@queue'
+    for i = 2, #record, 2 do redis.call('ZADD', sk, now, record[i]) end
+    redis.call('PEXPIRE', sk, qrate.per)
+  end
   for i = li, #levels do
     if redis.call('LLEN', ring_key(levels[i])) > 0 then
       remains = true
@@ -311,4 +380,6 @@ if (ARGV[4] == '1' and claimed > 0 or skipped_out) and remains then
     redis.call('LTRIM', KEYS[4], 0, 63)
   end
 end
+deps_flush(prefix)
+flush_events(KEYS[13])  -- events
 return out

@@ -22,7 +22,7 @@
 
   Output:
     { waiting, scheduled, active, completed, dead, retried, spilled, lanes, cancelled,
-    paused (1 or 0) }
+    paused (1 or 0), blocked (jobs waiting for dependencies) }
 ]]
 local prefix = ARGV[1]
 local lanes = redis.call('LLEN', KEYS[1])
@@ -56,4 +56,5 @@ local s = redis.call('HMGET', KEYS[5], 'completed', 'retried')
 local spilled = redis.call('SCARD', KEYS[6])
 return { waiting, redis.call('ZCARD', KEYS[2]) + spilled, redis.call('ZCARD', KEYS[3]),
   tonumber(s[1] or '0'), redis.call('ZCARD', KEYS[4]), tonumber(s[2] or '0'), spilled, lanes,
-  redis.call('ZCARD', KEYS[7]), redis.call('EXISTS', KEYS[8]) }
+  redis.call('ZCARD', KEYS[7]), redis.call('EXISTS', KEYS[8]),
+  redis.call('ZCARD', prefix .. 'waitdeps') }

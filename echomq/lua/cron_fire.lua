@@ -17,6 +17,7 @@
     KEYS[5] spilled   set of ids held by the floor alone
     KEYS[6] stats     counters (field "waiting": ids on the lanes)
     KEYS[7] paused    string, present while the queue is paused
+    KEYS[8] events    capped stream of job events
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] cron key
     ARGV[3] the spec's rev the caller computed the due times from
@@ -26,6 +27,7 @@
     { admitted (count), the cron's last (ms) }, or { -1, 0 } when the cron is gone or was
     replaced (another rev)
 ]]
+--!include events
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix, key = ARGV[1], ARGV[2]
@@ -52,6 +54,7 @@ for i = 4, #ARGV do
         redis.call('RPUSH', KEYS[3], lane)
       end
       admitted = admitted + 1
+      event('added', id, lane)
     end
   end
 end
@@ -67,4 +70,5 @@ if admitted > 0 then
     end
   end
 end
+flush_events(KEYS[8])  -- events
 return { admitted, lastText }

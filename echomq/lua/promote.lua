@@ -23,6 +23,7 @@
     KEYS[5] prios     zset of priority levels above 0 in use
     KEYS[6] lanewake  zset of rate-limited lanes by the time their window opens (ms)
     KEYS[7] blocked   set of "<p>|<lane>" taken off ring <p> at a limit
+    KEYS[8] events    capped stream of job events
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] pump_batch
     ARGV[3] "1" (optional): ring no doorbell, the caller wakes a consumer itself
@@ -32,6 +33,7 @@
       microsecond), server now in ms, the microseconds past that ms (callers keep a
       timer to the head's due time) }
 ]]
+--!include events
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local exact = t[1] * 1000 + t[2] / 1000
@@ -56,6 +58,7 @@ for _, id in ipairs(due) do
       redis.call('ZADD', KEYS[5], p, p)
     end
     moved = moved + 1
+    event('waiting', id, lane)
   end
 end
 promoted = moved
@@ -90,4 +93,5 @@ if head[2] then next_due = tonumber(head[2]) end
 if open[2] and (next_due < 0 or tonumber(open[2]) < next_due) then next_due = tonumber(open[2]) end
 -- as text: a number reply would drop the microseconds, and a timer aimed at the whole
 -- ms before the due time would find nothing due
+flush_events(KEYS[8])  -- events
 return { promoted, string.format('%.3f', next_due), now, t[2] % 1000 }

@@ -20,8 +20,10 @@
   ms): a sweep after a lapse of the fold lease walks the lanes before the leases,
   so a job handed back from its lease to a lane already walked is met only by the
   fold (which writes it as it is then). A buried one is appended to the closed log.
-  Rings the doorbell when any job became claimable, and a buried job's result
-  doorbell "done:<id>" when a result waiter marked it. Job hashes, lane lists
+  Rings the doorbell when any job became claimable or a slot of the queue-wide
+  limit freed (the "qfull" flag claim.lua left), and a buried job's result
+  doorbell "done:<id>" when a result waiter marked it; the jobs that wait for a
+  buried one learn it died (deps.lua). Job hashes, lane lists
   and doorbells are built inside.
 
   A job with a priority above 0 goes back onto its level's lane "lane<p>:<lane>"
@@ -36,6 +38,7 @@
     KEYS[6] meta    KEYS[7] closed
     KEYS[8] prios   KEYS[9] active  KEYS[10] blocked  KEYS[11] lanewake
     KEYS[12] fold   list of ids to write to the floor
+    KEYS[13] events capped stream of job events
     (stats field "waiting": ids on the lanes)
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] limit
@@ -45,6 +48,8 @@
   Output:
     { requeued, buried, next lease expiry in ms or -1, server now in ms }
 ]]
+--!include events
+--!include deps
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
@@ -117,6 +122,8 @@ for _, id in ipairs(ids) do
         redis.call('LPUSH', prefix .. 'done:' .. id, 'd')
         redis.call('PEXPIRE', prefix .. 'done:' .. id, 60000)
       end
+      event('dead', id, f[1], nil, 'stalled')
+      deps_ended(prefix, now, id, 'd')  -- the jobs that wait for it (deps.lua)
       buried = buried + 1
     else
       redis.call('HSET', jk, 'state', 'waiting', 'stalls', stalls)
@@ -133,11 +140,15 @@ for _, id in ipairs(ids) do
       end
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[12], id) end
       requeued = requeued + 1
+      event(mode == 'stall' and 'stalled' or 'requeued', id, f[1])
     end
     if f[7] == '1' then put_back(f[1]) end
   end
 end
 if requeued > 0 then redis.call('HINCRBY', KEYS[5], 'waiting', requeued) end
+-- a slot of the queue-wide limit freed (claim.lua left "qfull" when it stopped at it): a
+-- job that died here rings too, or the jobs waiting behind the limit wait for nothing
+if requeued + buried > 0 and redis.call('DEL', prefix .. 'qfull') == 1 then reopened = true end
 if requeued > 0 or reopened then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
@@ -146,7 +157,9 @@ if requeued > 0 or reopened then
     redis.call('LTRIM', KEYS[3], 0, 63)
   end
 end
+deps_flush(prefix)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local next_expiry = -1
 if head[2] then next_expiry = tonumber(head[2]) end
+flush_events(KEYS[13])  -- events
 return { requeued, buried, next_expiry, now }

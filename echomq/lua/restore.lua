@@ -13,7 +13,9 @@
   the next beat. It holds no lease token and is counted against no lane limit
   (a row folded while the job was active may carry its claim's "held" mark:
   nothing counts it now, so a settle must not uncount it). Rings the doorbell when a restored job became the head.
-  Job hashes are built inside.
+  A job whose row holds an expiry ("expires_ms") enters the expiring zset again, so
+  the metronome's pass meets it as well as a claim (expire_mark.lua).
+  Job hashes and the expiring zset are built inside.
 
   Input:
     KEYS[1] schedule  KEYS[2] wake  KEYS[3] spilled (set of ids held by the floor alone)
@@ -46,6 +48,8 @@ while i <= #ARGV do
     redis.call('HSET', jk, 'state', 'scheduled', 'due_ms', score, 'deferred', 1)
     redis.call('HDEL', jk, 'token', 'held', 'spilled')
     redis.call('ZADD', KEYS[1], 'NX', score, id)
+    local expires = tonumber(redis.call('HGET', jk, 'expires_ms') or '')
+    if expires then redis.call('ZADD', prefix .. 'expiring', expires, id) end
     redis.call('SREM', KEYS[3], id)
     if head_due == nil or score < head_due then
       head_due = score

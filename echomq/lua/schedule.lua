@@ -17,6 +17,7 @@
     KEYS[3] meta      queue settings hash
     KEYS[4] fold      list of ids not yet written to the floor
     KEYS[5] spilled   set of ids held by the floor alone
+    KEYS[6] events    capped stream of job events
     ARGV[1] key prefix "emq:{q}:"  (job hashes are built from it)
     ARGV[2] n, the number of jobs
     ARGV[3..] per job, 12 values: id, name, payload, lane, max_attempts, max_stalls,
@@ -29,6 +30,7 @@
     an error reply "invalid due time", changing nothing, when a due time is not an
     integer or would fall after 10^14 - 1 ms (it could not be stored as integer text)
 ]]
+--!include events
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 -- the server clock in ms to the microsecond: a relative due time's score
@@ -79,6 +81,7 @@ for i = 0, n - 1 do
       new_head = true
     end
     out[i + 1] = 1
+    event('added', id, ARGV[b + 3], nil, due_ms)
   end
 end
 if new_head then
@@ -89,4 +92,5 @@ if new_head then
     redis.call('LTRIM', KEYS[2], 0, 63)
   end
 end
+flush_events(KEYS[6])  -- events
 return out

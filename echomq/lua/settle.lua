@@ -18,6 +18,9 @@
   "c" or "d", kept a minute (waiters that come later read the job itself); a
   completed job with dedup_ms reserves its id in "dedup:<id>" that long. Job hashes, doorbells
   and dedup keys are built inside.
+  Tombstones: a completed job whose record retention drops (at once for keep 0, or by
+  the trims) leaves its id in "tombs" (zset, finished ms, built inside, capped to the
+  newest 100,000), so a later dependency on it counts as done (block.lua).
 
   Flow control: a job its claim counted against its lane's max_active (field
   "held") is uncounted, and its lane, if a claim took it off its rings at the
@@ -31,6 +34,9 @@
     KEYS[5] wake       KEYS[6] stats     KEYS[7] meta    KEYS[8] fold
     KEYS[9] closed     KEYS[10] ring     KEYS[11] prios  KEYS[12] active
     KEYS[13] blocked   KEYS[14] lanewake
+    KEYS[15] events    capped stream of job events
+  Dependencies (deps.lua, included): a job's first completion, or its death, ends it
+  for the jobs that wait for it (the fan-in); a stale token counts nothing.
     ARGV[1] key prefix "emq:{q}:"
     ARGV[2] keep_count   ARGV[3] keep_age_ms
     ARGV[4] n, the number of jobs
@@ -39,18 +45,22 @@
   Output:
     an array of n codes: 0 stale token, 1 completed, 2 retrying, 3 dead
 ]]
+--!include events
+--!include deps
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
 local keep_count = tonumber(ARGV[2])
 local keep_age = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
+local TOMBS_MAX = 100000  -- completed ids kept as tombstones (echomq.depend.TOMBSTONES)
 -- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
 local fold = (tonumber(redis.call('HGET', KEYS[7], 'fold') or '') or 0) >= now
 local out = {}
 local completed = 0
 local unleased = {}  -- ids whose lease ends here: one ZREM for the call
 local finished = {}  -- now, id pairs of completed jobs kept: one ZADD for the call
+local gone = {}  -- finished ms, id pairs of completed jobs retention dropped (tombstones)
 
 -- unpack takes a few thousand values at most: a long argument list goes in slices
 local function sliced(command, key, values)
@@ -93,12 +103,14 @@ for i = 0, n - 1 do
   local b = 5 + i * 5
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
+  -- "dependents" read here, before retention may delete the hash (deps.lua)
   local f = redis.call('HMGET', jk, 'token', 'attempts', 'max_attempts', 'deferred', 'waited',
-    'dedup_ms', 'lane', 'held', 'alone')
+    'dedup_ms', 'lane', 'held', 'alone', 'dependents')
   if f[1] ~= ARGV[b + 1] or ARGV[b + 1] == '' then
     out[i + 1] = 0
   else
     unleased[#unleased + 1] = id
+    local dependents = f[10]
     if f[8] == '1' then put_back(f[7]) end
     if f[9] then redis.call('HDEL', jk, 'alone') end
     local outcome = ARGV[b + 2]
@@ -111,11 +123,14 @@ for i = 0, n - 1 do
       local head = redis.call('ZRANGE', KEYS[2], 0, 0)
       if head[1] == id then rang = due end
       redis.call('HINCRBY', KEYS[6], 'retried', 1)
+      event('failed', id, f[7], f[2], due)
       out[i + 1] = 2
     elseif outcome == 'c' then
       completed = completed + 1
       if keep_count == 0 or keep_age == 0 then
         redis.call('DEL', jk)
+        gone[#gone + 1] = now
+        gone[#gone + 1] = id
       else
         redis.call('HSET', jk, 'state', 'completed', 'finished_ms', now, 'result', ARGV[b + 3],
           'token', '')
@@ -128,6 +143,9 @@ for i = 0, n - 1 do
         redis.call('SET', prefix .. 'dedup:' .. id, '1', 'PX', string.format('%d', dedup))
       end
       if f[5] then ring_done(id, 'c') end
+      -- its event before its dependents' (deps.lua notes theirs)
+      event('completed', id, f[7], f[2])
+      if dependents then deps_ended(prefix, now, id, 'c', ARGV[b + 3], dependents) end
       out[i + 1] = 1
     else
       redis.call('HSET', jk, 'state', 'dead', 'finished_ms', now, 'error', ARGV[b + 3],
@@ -136,33 +154,54 @@ for i = 0, n - 1 do
       redis.call('HINCRBY', KEYS[6], 'dead', 1)
       if fold and f[4] == '1' then redis.call('RPUSH', KEYS[9], id) end
       if f[5] then ring_done(id, 'd') end
+      event('dead', id, f[7], f[2])
+      if dependents then deps_ended(prefix, now, id, 'd', nil, dependents) end
       out[i + 1] = 3
     end
   end
 end
 sliced('ZREM', KEYS[1], unleased)
+-- a claim cut short by the queue-wide max_active (claim.lua) waits for a slot: ring
+if #unleased > 0 and redis.call('DEL', prefix .. 'qfull') == 1 then reopened = true end
 sliced('ZADD', KEYS[4], finished)
 if completed > 0 then
   redis.call('HINCRBY', KEYS[6], 'completed', completed)
   -- retention: trim at most 1000 old completed jobs per call, so a call stays short
-  if keep_count > 0 then
-    local over = redis.call('ZCARD', KEYS[4]) - keep_count
+  -- (keep 0: what a workflow's result record left in the zset goes now)
+  local limit = keep_count
+  if keep_count == 0 or keep_age == 0 then limit = 0 end
+  if limit >= 0 then
+    local over = redis.call('ZCARD', KEYS[4]) - limit
     if over > 0 then
       if over > 1000 then over = 1000 end
-      local old = redis.call('ZRANGE', KEYS[4], 0, over - 1)
-      local gone = {}
-      for i, oid in ipairs(old) do gone[i] = prefix .. 'job:' .. oid end
-      redis.call('DEL', unpack(gone))
+      local old = redis.call('ZRANGE', KEYS[4], 0, over - 1, 'WITHSCORES')
+      local keys = {}
+      for i = 1, #old, 2 do
+        keys[#keys + 1] = prefix .. 'job:' .. old[i]
+        gone[#gone + 1] = old[i + 1]
+        gone[#gone + 1] = old[i]
+      end
+      redis.call('DEL', unpack(keys))
       redis.call('ZREMRANGEBYRANK', KEYS[4], 0, over - 1)
     end
   end
   if keep_age > 0 then
-    local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - keep_age, 'LIMIT', 0, 1000)
-    for _, oid in ipairs(old) do
-      redis.call('DEL', prefix .. 'job:' .. oid)
-      redis.call('ZREM', KEYS[4], oid)
+    local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - keep_age, 'WITHSCORES',
+      'LIMIT', 0, 1000)
+    for i = 1, #old, 2 do
+      redis.call('DEL', prefix .. 'job:' .. old[i])
+      redis.call('ZREM', KEYS[4], old[i])
+      gone[#gone + 1] = old[i + 1]
+      gone[#gone + 1] = old[i]
     end
   end
+end
+-- tombstones: a completed job retention dropped still counts as done for a later
+-- add(after=...) (block.lua), for as long as it is among the newest TOMBS_MAX
+if #gone > 0 then
+  sliced('ZADD', prefix .. 'tombs', gone)
+  local over = redis.call('ZCARD', prefix .. 'tombs') - TOMBS_MAX
+  if over > 0 then redis.call('ZREMRANGEBYRANK', prefix .. 'tombs', 0, over - 1) end
 end
 if rang then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
@@ -180,4 +219,6 @@ if reopened then
     redis.call('LTRIM', KEYS[5], 0, 63)
   end
 end
+deps_flush(prefix)
+flush_events(KEYS[15])  -- events
 return out

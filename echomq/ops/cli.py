@@ -9,6 +9,8 @@
     echomq --redis-url URL pause QUEUE | resume QUEUE
     echomq --redis-url URL purge QUEUE --state completed|dead|cancelled
     echomq --redis-url URL crons QUEUE [--json]
+    echomq --redis-url URL limit QUEUE [--lane LANE] [--max-active N] [--rate R] [--per-s S]
+                                       [--clear]
     echomq --redis-url URL dashboard [--host H] [--port 8081] [--allow-actions]
 
 ``--redis-url`` falls back to ``ECHOMQ_REDIS_URL``. Exit codes: 0 done, 1 not found or
@@ -31,6 +33,7 @@ import redis.exceptions
 from echomq.connection import DEFAULT_URL, client_from_url, describe, redact_url
 from echomq.errors import ConfigError, ConnectionFailed, EchoMQError, InvalidName
 from echomq.job import STATES
+from echomq.ops import limitcmd
 from echomq.ops.views import job_record, queue_exists, summary
 from echomq.queue import PURGEABLE, Queue
 
@@ -70,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("retry", "dead jobs back to waiting (all when none named)")
     p.add_argument("queue")
     p.add_argument("job_ids", nargs="*", metavar="JOB_ID")
-    p = command("cancel", "cancel a waiting or scheduled job")
+    p = command("cancel", "cancel a waiting, scheduled or active job")
     p.add_argument("queue")
     p.add_argument("job_id")
     command("pause", "stop handing out jobs (admits go on)").add_argument("queue")
@@ -80,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", required=True, choices=PURGEABLE)
     command("crons", "the queue's crons: schedule, job, last and next occurrence"
             ).add_argument("queue")
+    limitcmd.add_parser(command)
+    p = command("events", "the queue's job events, oldest kept first")
+    p.add_argument("queue")
+    p.add_argument("--follow", "-f", action="store_true", help="then wait for new ones "
+                   "until interrupted")
+    p.add_argument("--since", default="0", help="after this event id ('$': only new ones)")
     p = command("dashboard", "serve the web page")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     p.add_argument("--port", type=int, default=8081, help="port (default: %(default)s)")
@@ -173,10 +182,34 @@ def cmd_show(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
         raise Refused(f"unknown job {args.job_id!r} in queue {q.name!r}")
     rec = job_record(job)
     lines = [f"{k:<13} {_when(v) if k.endswith('_ms') else _short(v, 200)}"
-             for k, v in rec.items() if k != "error" and v not in (None, "")]
+             for k, v in rec.items()
+             if k not in ("error", "after", "dependents") and v not in (None, "")]
+    lines += dependency_lines(q, job)
     if job.error:
         lines += ["error:", job.error.rstrip()]
     return rec, "\n".join(lines)
+
+
+SHOWN_DEPENDENCIES = 20  # `echomq show` lists this many of each side, then counts the rest
+
+
+def dependency_lines(q: Queue, job: Any) -> list[str]:
+    """`echomq show`: the jobs this one waits for (with their states) and those waiting
+    for it (at most SHOWN_DEPENDENCIES of each, then how many more)."""
+    lines: list[str] = []
+    for title, ids in (("waits for", job.after), ("waited by", job.dependents)):
+        if not ids:
+            continue
+        shown = list(ids[:SHOWN_DEPENDENCIES])
+        pipe = q.redis.pipeline(transaction=False)
+        for jid in shown:
+            pipe.hget(q.keys.job(jid), "state")
+        states = [s.decode() if isinstance(s, bytes) else (s or "gone") for s in pipe.execute()]
+        lines.append(f"{title}:")
+        lines += [f"  {jid}  {state}" for jid, state in zip(shown, states, strict=True)]
+        if len(ids) > len(shown):
+            lines.append(f"  ... and {len(ids) - len(shown)} more")
+    return lines
 
 
 def cmd_retry(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
@@ -185,11 +218,13 @@ def cmd_retry(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
     if args.job_ids:
         moved = q.retry_dead(args.job_ids)
     else:  # every dead job, a bounded batch per script call
+        # a job that stays dead (its dependency cannot come back) goes to the end of the
+        # dead set and counts nothing, so a short batch does not mean the set is done:
+        # enough batches to see each dead job once
         moved = 0
-        while True:
-            batch = q.retry_dead(limit=RETRY_BATCH)
-            moved += batch
-            if batch < RETRY_BATCH:
+        for _ in range(q.counts()["dead"] // RETRY_BATCH + 2):
+            moved += q.retry_dead(limit=RETRY_BATCH)
+            if q.counts()["dead"] == 0:
                 break
     data = {"queue": q.name, "retried": moved}
     if args.job_ids and moved < len(args.job_ids):
@@ -199,7 +234,8 @@ def cmd_retry(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_cancel(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
-    """`echomq cancel QUEUE JOB_ID`: cancel a waiting or scheduled job; `Refused` says why not."""
+    """`echomq cancel QUEUE JOB_ID`: cancel a waiting, scheduled or active job (an active
+    one's handler is stopped); `Refused` says why not."""
     q = _queue(client, args.queue)
     if q.cancel(args.job_id):
         return {"queue": q.name, "id": args.job_id, "cancelled": True}, f"cancelled {args.job_id}"
@@ -208,10 +244,8 @@ def cmd_cancel(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
             "state": job.state if job else None}
     if job is None:
         raise Refused(f"unknown job {args.job_id!r} in queue {q.name!r}", data)
-    if job.state == "active":
-        raise Refused(f"job {args.job_id!r} is active: a running job cannot be cancelled", data)
-    raise Refused(f"job {args.job_id!r} is {job.state}: only waiting or scheduled jobs can be "
-                  "cancelled", data)
+    raise Refused(f"job {args.job_id!r} is {job.state}: only waiting, scheduled or active jobs "
+                  "can be cancelled", data)
 
 
 def cmd_pause(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
@@ -247,6 +281,28 @@ def cmd_crons(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
     return data, text
 
 
+def cmd_limit(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq limit QUEUE ...`: show or set the queue-wide limit or a lane's."""
+    return limitcmd.cmd_limit(_queue(client, args.queue, must_exist=False), args)
+def cmd_events(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`echomq events QUEUE [--follow]`: print each event as it is read (a JSON object a
+    line with --json); with --follow, wait for more until interrupted."""
+    q = _queue(client, args.queue, must_exist=False)
+    try:
+        stream = q.events(since=args.since, block_s=None if args.follow else 0)
+        for ev in stream:
+            if args.json:
+                print(ev.to_json(), flush=True)
+            else:
+                extra = " ".join(f"{k}={_short(v, 60)}" for k, v in ev.data.items())
+                attempt = f"attempt={ev.attempt}" if ev.attempt is not None else ""
+                print(f"{ev.at.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}  {ev.kind:<9}  "
+                      f"{ev.job_id}  lane={ev.lane} {attempt} {extra}".rstrip(), flush=True)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return None, ""
+
+
 def cmd_dashboard(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
     """`echomq dashboard`: serve the dashboard until interrupted; `Refused` if it cannot bind."""
     from echomq.ops.dashboard import serve
@@ -262,7 +318,8 @@ def cmd_dashboard(client: Any, args: argparse.Namespace) -> tuple[Any, str]:
 COMMANDS: dict[str, Callable[[Any, argparse.Namespace], tuple[Any, str]]] = {
     "queues": cmd_queues, "stats": cmd_stats, "jobs": cmd_jobs, "show": cmd_show,
     "retry": cmd_retry, "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_resume,
-    "purge": cmd_purge, "crons": cmd_crons, "dashboard": cmd_dashboard,
+    "purge": cmd_purge, "crons": cmd_crons, "limit": cmd_limit, "dashboard": cmd_dashboard,
+    "events": cmd_events,
 }
 
 
@@ -298,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_REFUSED
     except KeyboardInterrupt:
         return EXIT_OK
-    if args.command != "dashboard":
+    if args.command not in ("dashboard", "events"):  # these print as they go
         print(json.dumps(data, ensure_ascii=False, default=str) if args.json else text)
     return EXIT_OK
 

@@ -11,15 +11,18 @@ must prove it: see :mod:`echomq.ops.access`. GETs never change anything.
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import redis
 
+from echomq import events
 from echomq.connection import describe
 from echomq.errors import EchoMQError
 from echomq.keys import validate_job_id, validate_name
@@ -35,13 +38,17 @@ DEAD_SHOWN = 20
 ACTIONS = ("retry", "cancel", "pause", "resume")
 TEXT = "text/plain; charset=utf-8"
 PASSED_HEADERS = ("authorization", "cookie")  # what handle() reads of a request's headers
+LIVE_EVENTS = 50  # events per live message, the newest (the page lists as many)
+LIVE_PACE_S = 0.25
+LIVE_BLOCK_MS = 5_000
 
 
 class Dashboard:
     """Renders the page and performs the allowed actions for one server."""
 
     def __init__(self, client: redis.Redis, *, allow_actions: bool = False,
-                 history: History | None = None, token: str | None = None) -> None:
+                 history: History | None = None, token: str | None = None,
+                 live: bool = False) -> None:
         """The dashboard of the server ``client`` talks to.
 
         Args:
@@ -49,12 +56,15 @@ class Dashboard:
             allow_actions: offer retry, cancel, pause and resume to token holders.
             history: the rates sampler (one is made when None).
             token: the operator token; default ``ECHOMQ_DASHBOARD_TOKEN``.
+            live: the page follows the event stream (``/events``, served by
+                :func:`serve`; the supervisor's one-answer server reloads instead).
 
         Raises:
             ConfigError: ``allow_actions`` without a token (see :func:`access_for`).
         """
         self.client = client
         self.allow_actions = allow_actions
+        self.live = live
         self.access = access_for(allow_actions, token)
         self.where = describe(client)
         self.history = history or History(self._totals)
@@ -120,7 +130,8 @@ class Dashboard:
             q = Queue(validate_name(selected), redis=self.client)
             s = summary(q, top_lanes=10)
             parts.append(page.queue_detail(s, self.history.rates(q.name),
-                                           q.jobs("dead", limit=DEAD_SHOWN), token))
+                                           q.jobs("dead", limit=DEAD_SHOWN), token,
+                                           live=self.live))
             if job_id:
                 parts.insert(1, page.job_detail(q.name, q.get(validate_job_id(job_id)), token))
         account = ""
@@ -128,7 +139,8 @@ class Dashboard:
             account = page.logout_form(self.access.form_token) if signed_in else \
                 page.login_link()
         return page.page(self.where, self.allow_actions, "".join(parts),
-                         refresh=not job_id, notice=notice, account=account)
+                         refresh=not job_id, notice=notice, account=account,
+                         live=self.live and bool(selected))
 
     def login(self, form: dict[str, str]) -> Response:
         """POST /login: the token from the login form opens a session (a cookie)."""
@@ -184,6 +196,42 @@ class Dashboard:
         return 303, TEXT, b"", {"Location": where}
 
 
+    def stream(self, target: str, last_event_id: str | None = None) -> Iterator[bytes]:
+        """GET /events?queue=NAME: server-sent events, one message per batch of the
+        queue's job events read from its stream: ``{"counts": ..., "events": [...]}``
+        (at most LIVE_EVENTS of the newest), with the last event's id, so a browser that
+        reconnects (Last-Event-ID) goes on where it left. Starts with the current counts;
+        a comment every few seconds finds a closed connection."""
+        query = {k: v[0] for k, v in parse_qs(urlsplit(target).query).items()}
+        q = Queue(validate_name(query.get("queue")), redis=self.client)
+        if last_event_id:
+            events.check_args(last_event_id, None)
+            last = last_event_id
+        else:  # from now on: after the newest entry there is
+            newest = self.client.xrevrange(q.keys.events, count=1)
+            last = newest[0][0].decode() if newest else "0"
+        yield _sse({"counts": q.counts(), "events": []})
+        while True:
+            batch = list(q.events(since=last, block_s=0))
+            if batch:
+                last = batch[-1].id
+                yield _sse({"counts": q.counts(),
+                            "events": [e.to_dict() for e in batch[-LIVE_EVENTS:]]}, last)
+                # paced, not polling: the XREAD above blocks until an event comes; this
+                # pause only caps a page at a few updates a second (no event marks "a
+                # page is ready for more"); the events wait in the stream meanwhile
+                time.sleep(LIVE_PACE_S)
+                continue
+            entry = last.rsplit("-", 1)[0] if last.count("-") == 2 else last
+            if not self.client.xread({q.keys.events: entry}, count=1, block=LIVE_BLOCK_MS):
+                yield b": idle\n\n"
+
+
+def _sse(data: dict[str, Any], event_id: str | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
 def request_headers(headers: Any) -> dict[str, str]:
     """The request headers :meth:`Dashboard.handle` reads, from http.server's ``headers``."""
     return {name: value for name in PASSED_HEADERS
@@ -194,15 +242,41 @@ def handler_class(dashboard: Dashboard) -> type[BaseHTTPRequestHandler]:
     """An http.server request handler class that answers through ``dashboard``."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if dashboard.live and urlsplit(self.path).path == "/events":
+                self._stream()
+                return
             self._answer("GET", b"")
+
+        def _stream(self) -> None:
+            try:
+                chunks = dashboard.stream(self.path, self.headers.get("Last-Event-ID"))
+                first = next(chunks)
+            except (EchoMQError, ValueError) as exc:
+                self._answer_with(400, TEXT, f"{exc}\n".encode(), {})
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            try:
+                self.wfile.write(first)
+                self.wfile.flush()
+                for chunk in chunks:
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+            except (OSError, redis.exceptions.RedisError):
+                return  # the browser went away (or the server did: it reconnects)
 
         def do_POST(self) -> None:  # noqa: N802
             length = min(int(self.headers.get("Content-Length") or 0), 64 * 1024)
             self._answer("POST", self.rfile.read(length))
 
         def _answer(self, method: str, body: bytes) -> None:
-            code, ctype, payload, headers = dashboard.handle(method, self.path, body,
-                                                             request_headers(self.headers))
+            self._answer_with(*dashboard.handle(method, self.path, body,
+                                                request_headers(self.headers)))
+
+        def _answer_with(self, code: int, ctype: str, payload: bytes,
+                         headers: dict[str, str]) -> None:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(payload)))
@@ -223,7 +297,7 @@ def serve(client: redis.Redis, host: str, port: int, *, allow_actions: bool = Fa
     Raises:
         ConfigError: ``allow_actions`` without ``ECHOMQ_DASHBOARD_TOKEN``.
     """
-    dashboard = Dashboard(client, allow_actions=allow_actions).start()
+    dashboard = Dashboard(client, allow_actions=allow_actions, live=True).start()
     server = ThreadingHTTPServer((host, port), handler_class(dashboard))
     server.daemon_threads = True
     stop = threading.Event()

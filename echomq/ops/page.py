@@ -1,7 +1,11 @@
 """The dashboard's one page, rendered on the server: HTML with an inline SVG chart.
 
-No scripts and nothing fetched from elsewhere (machines may have no internet);
-every value is escaped. Forms (retry, cancel, pause, resume) appear only when
+Nothing fetched from elsewhere (machines may have no internet); every value is
+escaped. Served by ``echomq dashboard`` (``live``), one small inline script follows the
+selected queue's event stream (``/events``, server-sent events): its counts and a list
+of its latest events update as jobs change state, without reloading. Elsewhere (the
+supervisor's health port, or a browser without scripts) the page reloads itself every
+10 s instead. Forms (retry, cancel, pause, resume) appear only when
 actions are allowed and the operator signed in with the dashboard token, and
 carry the server's form token; the token itself is never written into a page.
 """
@@ -33,7 +37,29 @@ overflow:auto;margin:4px 0}
 form{display:inline;margin:0}button{font:inherit;padding:2px 10px;cursor:pointer}
 .err{color:#a11;font-family:monospace;font-size:12px}.muted{color:#777}
 .legend span{margin-right:12px}
+#live-events{margin:0;padding-left:20px;max-height:240px;overflow:auto;font-family:monospace;
+font-size:12px}
 """
+
+# follows /events of the selected queue: fresh counts and the newest events (at most 50)
+LIVE_SCRIPT = """(function(){
+var sec=document.getElementById('queue');if(!sec||!window.EventSource)return;
+var name=sec.getAttribute('data-queue'),list=document.getElementById('live-events'),
+state=document.getElementById('live-state');
+var es=new EventSource('/events?queue='+encodeURIComponent(name));
+es.onopen=function(){state.textContent='live';};
+es.onerror=function(){state.textContent='reconnecting';};
+es.onmessage=function(m){var d=JSON.parse(m.data),rows=document.querySelectorAll('#queues tr');
+for(var i=0;i<rows.length;i++){if(rows[i].getAttribute('data-queue')!==name)continue;
+for(var k in d.counts){var c=rows[i].querySelector('td[data-count="'+k+'"]');
+if(c)c.textContent=d.counts[k];}}
+d.events.forEach(function(e){var li=document.createElement('li');
+li.setAttribute('data-kind',e.kind);li.setAttribute('data-job',e.job_id);
+li.textContent=e.at.substr(11,12)+' '+e.kind+' '+e.job_id+(e.lane?' lane '+e.lane:'')+
+(e.attempt?' attempt '+e.attempt:'')+(e.reason?' ('+e.reason+')':'');
+list.insertBefore(li,list.firstChild);});
+while(list.children.length>50)list.removeChild(list.lastChild);};
+})();"""
 
 
 def esc(value: Any) -> str:
@@ -68,7 +94,7 @@ def action_form(token: str, action: str, label: str, queue: str, job: str = "") 
             f'<button type="submit" data-action="{action}">{esc(label)}</button></form>')
 
 
-COUNTS = ("waiting", "scheduled", "active", "completed", "dead", "cancelled")
+COUNTS = ("waiting", "scheduled", "active", "completed", "dead", "cancelled", "blocked")
 
 
 def queues_table(rows: Sequence[dict[str, Any]], token: str | None) -> str:
@@ -127,8 +153,20 @@ def chart(rates: Sequence[tuple[float, float, float]], width: int = 720, height:
             f"<span>top of scale {top:.0f}/min, {n} intervals</span></div>")
 
 
+def limit_text(limit: dict[str, Any] | None) -> str:
+    """The queue-wide limit for the queue's line ("" when none is set)."""
+    if not limit or (limit["max_active"] is None and limit["rate"] is None):
+        return ""
+    parts = []
+    if limit["max_active"] is not None:
+        parts.append(f"at most {limit['max_active']} active")
+    if limit["rate"] is not None:
+        parts.append(f"{limit['rate']} starts per {limit['per_s'] or 1:g} s")
+    return f' · <span id="queue-limit">queue limit: {esc(", ".join(parts))}</span>'
+
+
 def queue_detail(s: dict[str, Any], rates: Sequence[tuple[float, float, float]],
-                 dead: Sequence[Any], token: str | None) -> str:
+                 dead: Sequence[Any], token: str | None, live: bool = False) -> str:
     """One queue's section: counts, throughput chart, busiest lanes and dead jobs."""
     name = s["queue"]
     state = "paused" if s["paused"] else "running"
@@ -155,6 +193,7 @@ def queue_detail(s: dict[str, Any], rates: Sequence[tuple[float, float, float]],
         f'<span class="badge {state}" id="pause-state">{state}</span></h2>'
         f"<p>retried {s['retried']} · spilled to the floor {s['spilled']} · lanes with work "
         f"{s['lanes']}" + (f" · oldest waiting {oldest:.1f} s" if oldest is not None else "")
+        + limit_text(s.get("queue_limit"))
         + '</p><form method="get" action="/" id="lookup">'
         f'<input type="hidden" name="queue" value="{esc(name)}">'
         '<input name="job" placeholder="job id" size="34" aria-label="job id"> '
@@ -162,7 +201,10 @@ def queue_detail(s: dict[str, Any], rates: Sequence[tuple[float, float, float]],
         f"<h2>Throughput and failure rate</h2>{chart(rates)}</section>"
         f'<section id="lanes"><h2>Busiest lanes{scanned}</h2><table><tr><th>lane</th>'
         f"<th>waiting</th></tr>{lanes}</table></section>"
-        f'<section id="dead"><h2>Dead jobs (oldest {len(dead)})</h2>{dead_html}</section>')
+        f'<section id="dead"><h2>Dead jobs (oldest {len(dead)})</h2>{dead_html}</section>'
+        + ('<section id="live"><h2>Latest events <span class="badge" id="live-state">'
+           'connecting</span></h2><ol id="live-events" reversed></ol></section>'
+           if live else ""))
 
 
 def job_detail(queue: str, job: Any, token: str | None) -> str:
@@ -178,7 +220,7 @@ def job_detail(queue: str, job: Any, token: str | None) -> str:
     buttons = ""
     if token and job.state == "dead":
         buttons = action_form(token, "retry", "Retry", queue, job.id)
-    elif token and job.state in ("waiting", "scheduled"):
+    elif token and job.state in ("waiting", "scheduled", "active"):
         buttons = action_form(token, "cancel", "Cancel", queue, job.id)
     parts = [f'<section id="job" data-job="{esc(job.id)}"><h2>Job {esc(job.id)} {buttons}</h2>'
              f"<table>{''.join(rows)}</table>",
@@ -217,10 +259,15 @@ def login_page(where: str, form_token: str, failed: bool = False) -> str:
 
 
 def page(where: str, allow_actions: bool, body: str, refresh: bool, notice: str = "",
-         account: str = "") -> str:
-    """The whole page around ``body``; ``account``: the log in link or log out form."""
+         account: str = "", live: bool = False) -> str:
+    """The whole page around ``body``; ``account``: the log in link or log out form;
+    ``live``: updated from the event stream (reloaded every 10 s only without scripts)."""
     mode = "actions allowed" if allow_actions else "read-only"
     meta = '<meta http-equiv="refresh" content="10">' if refresh else ""
+    script = ""
+    if live:
+        meta = f"<noscript>{meta}</noscript>" if meta else ""
+        script = f"<script>{LIVE_SCRIPT}</script>"
     note = f'<section id="notice">{esc(notice)}</section>' if notice else ""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
@@ -229,5 +276,5 @@ def page(where: str, allow_actions: bool, body: str, refresh: bool, notice: str 
         f'</head><body><header><h1><a href="/" style="color:#fff">EchoMQ</a></h1>'
         f"<span>{esc(where)}</span><span>{mode}</span>"
         f"<span>{datetime.now(UTC).strftime('%H:%M:%S UTC')}</span>{account}</header>"
-        f"<main>{note}{body}</main></body></html>"
+        f"<main>{note}{body}</main>{script}</body></html>"
     )

@@ -17,7 +17,10 @@ JOB_FIELDS = ("id", "name", "state", "lane", "attempts", "max_attempts", "stalls
 
 def job_record(job: Job) -> dict[str, Any]:
     """A job as JSON-ready data (no lease token)."""
-    return {f: getattr(job, f) for f in JOB_FIELDS}
+    rec = {f: getattr(job, f) for f in JOB_FIELDS}
+    if job.after or job.dependents:  # dependencies: what it waits for, what waits for it
+        rec.update(after=list(job.after), dependents=list(job.dependents))
+    return rec
 
 
 def queue_exists(q: Queue) -> bool:
@@ -39,4 +42,5 @@ def summary(q: Queue, top_lanes: int = 0) -> dict[str, Any]:
         out["oldest_waiting_s"] = survey["oldest_waiting_s"]
         out["busiest_lanes"] = [{"lane": lane, "waiting": n} for lane, n in survey["busiest"]]
         out["lanes_scanned"] = survey["scanned"]
+        out["queue_limit"] = q.queue_limit()
     return out

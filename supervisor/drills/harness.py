@@ -53,6 +53,7 @@ WORK_MS = 5
 DELAYED_SHARE = 0.3
 DELAY_RANGE_S = (0.2, 2.0)
 FAIL_FIRST_SHARE = 0.25
+CHORD_SIZE = 10  # the workflow drill: 9 members and a callback waiting for them
 RETRY_BACKOFF_S = 0.2
 MAX_ATTEMPTS = 10  # a killed attempt counts; the drills' kills must not bury jobs
 MAX_STALLS = 10
@@ -73,15 +74,20 @@ class JobPlan:
     lane: str
     delay: float | None
     fail_first: bool
+    after: tuple[str, ...] = ()  # a chord's callback: the members it waits for
 
 
-def make_plan(n: int, tag: str, rng: random.Random) -> list[JobPlan]:
-    """A mix of immediate, delayed and fail-once jobs across many lanes."""
+def make_plan(n: int, tag: str, rng: random.Random, chord: int = 0) -> list[JobPlan]:
+    """A mix of immediate, delayed and fail-once jobs across many lanes. With ``chord``,
+    every chord-th job is a callback waiting for the chord - 1 jobs before it."""
     plan = []
     for i in range(n):
+        after = tuple(p.id for p in plan[-(chord - 1):]) if chord and i % chord == chord - 1 \
+            else ()
         delay = round(rng.uniform(*DELAY_RANGE_S), 3) if rng.random() < DELAYED_SHARE else None
         plan.append(JobPlan(id=f"{tag}-{i:06d}", lane=f"lane-{rng.randrange(LANES)}",
-                            delay=delay, fail_first=rng.random() < FAIL_FIRST_SHARE))
+                            delay=None if after else delay,
+                            fail_first=rng.random() < FAIL_FIRST_SHARE, after=after))
     return plan
 
 
@@ -105,6 +111,8 @@ class Producer(threading.Thread):
     def run(self) -> None:
         """Admit the plan in paced batches until done or halted, recording admit times."""
         size = max(1, -(-len(self.plan) // PRODUCE_BATCHES))
+        if any(p.after for p in self.plan):  # a chord is admitted whole, in one call
+            size = -(-size // CHORD_SIZE) * CHORD_SIZE
         pace = PRODUCE_S / PRODUCE_BATCHES
         start = time.monotonic()
         try:
@@ -125,7 +133,8 @@ class Producer(threading.Thread):
 
     def _admit(self, batch: list[JobPlan]) -> None:
         jobs = [("drill", {"work_ms": WORK_MS, "fail_first": p.fail_first},
-                 {"job_id": p.id, "lane": p.lane, "delay": p.delay, "backoff": RETRY_BACKOFF_S})
+                 {"job_id": p.id, "lane": p.lane, "delay": p.delay, "backoff": RETRY_BACKOFF_S,
+                  **({"after": list(p.after)} if p.after else {})})
                 for p in batch]
         while not self.halt.is_set():
             try:
@@ -224,6 +233,7 @@ class SupervisorProc:
         self.log_path = log_path
         self.started = threading.Event()
         self.events: Counter[str] = Counter()
+        self.logged = threading.Condition()  # notified as each event line is counted
         self.crashes = 0
         self.signalled: str | None = None  # set when the drill itself signals it
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
@@ -250,11 +260,18 @@ class SupervisorProc:
         name = line.get("event") if isinstance(line, dict) else None
         if not name:
             return
-        self.events[name] += 1
+        with self.logged:
+            self.events[name] += 1
+            self.logged.notify_all()
         if name == "child-exit" and line.get("level") == "warning":
             self.crashes += 1
         if name == "start":
             self.started.set()
+
+    def wait_event(self, name: str, seen: int, timeout: float) -> bool:
+        """Wait until the supervisor logged event ``name`` more than ``seen`` times."""
+        with self.logged:
+            return self.logged.wait_for(lambda: self.events[name] > seen, timeout)
 
     def wait_started(self, timeout: float = START_TIMEOUT_S) -> bool:
         """Wait until the supervisor logged its start; False if it did not or exited."""
@@ -353,7 +370,8 @@ class Harness:
         self.floor_url = floor_url
         self.seed = seed if seed is not None else random.randrange(1 << 30)
         self.queue = f"drill-{uuid.uuid4().hex[:8]}"  # a shared floor never mixes two runs
-        self.plan = make_plan(jobs, self.queue, random.Random(self.seed))
+        self.plan = make_plan(jobs, self.queue, random.Random(self.seed),
+                              CHORD_SIZE if scenario.startswith("workflow") else 0)
         self.obs = Observation(scenario=scenario, floor=floor_url.split(":", 1)[0].split("+")[0],
                                queue=self.queue, seed=self.seed, plan=self.plan,
                                workdir=str(self.workdir))
@@ -366,6 +384,9 @@ class Harness:
         self.producer: Producer | None = None
         self._floor: Any = None
         self._probe: Queue | None = None
+        self.durability: str | None = None  # the supervisor's and the producer's dial
+        self.outbox_url: str | None = None  # --outbox-url (the outbox drills' app database)
+        self.extra_admitted: dict[str, float] = {}  # jobs admitted by the fault (the outbox)
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -424,6 +445,10 @@ class Harness:
                "--floor-url", self.floor_url, "--beat-ms", str(BEAT_MS),
                "--lease-ms", str(LEASE_MS), "--drain-timeout", str(DRAIN_S), "--log-json",
                "--doorbell", self.doorbell_kind]
+        if self.durability:
+            cmd += ["--durability", self.durability]
+        if self.outbox_url:
+            cmd += ["--outbox-url", self.outbox_url]
         sup = SupervisorProc(n, cmd, self._env(), self.workdir / f"supervisor-{n}.log")
         self.supervisors.append(sup)
         if wait and not sup.wait_started():
@@ -440,8 +465,9 @@ class Harness:
         """Start admitting the plan in the background."""
         # on a cluster, admits wait for a replica (durability "sync"): a failover loses none
         sync = self.cluster is not None
-        self.producer = Producer(self.redis.url, self.queue, self.plan,
-                                 "sync" if sync else None, self.floor_url if sync else None)
+        dial = "sync" if sync else self.durability  # "durable": every job on the floor
+        self.producer = Producer(self.redis.url, self.queue, self.plan, dial,
+                                 self.floor_url if dial in ("sync", "durable") else None)
         self.producer.start()
         return self.producer
 
@@ -473,7 +499,8 @@ class Harness:
         while (now := time.monotonic()) < deadline:
             self._check_alive()
             producing = self.producer.is_alive()
-            all_done = not producing and self.ledger.done_ids() >= self.producer.admitted().keys()
+            admitted = self.producer.admitted().keys() | self.extra_admitted.keys()
+            all_done = not producing and self.ledger.done_ids() >= admitted
             # "nothing left" is an absence, so no event announces it: re-check each beat
             drained = not producing and self._drained()
             if all_done and drained:
@@ -549,7 +576,7 @@ class Harness:
         assert self.ledger is not None
         obs = self.obs
         if self.producer is not None:
-            obs.admitted_at = self.producer.admitted()
+            obs.admitted_at = {**self.producer.admitted(), **self.extra_admitted}
             obs.producer_errors = self.producer.errors
         obs.ledger = self.ledger.rows()
         obs.crashes = sum(s.crashes for s in self.supervisors)

@@ -22,7 +22,21 @@ floor-outage        the floor unreachable for several seconds         none lost 
 rolling-restart     SIGTERM the supervisor as a second one starts     none lost, none run twice
 cluster-failover    on a 3+3 Valkey Cluster, SIGKILL the queue's      none lost of the admits acked
                     master; its replica is elected in its place       with WAIT 1 (durability sync)
+valkey-wipe         FLUSHALL mid-run under the durable dial           none lost
+producer-crash      a producer SIGKILLed right after its tx= commit   every committed job runs once
+outbox-outage       the application's outbox database unreachable     none lost, none run twice
+workflow            chords (9 members, a callback waiting for them,   as kill-consumer, and every
+                    ``after=``): kill-consumer, then kill-supervisor  callback ran after all its
+                                                                     members, none dead or early
+workflow-restart    chords, Valkey restarted without persistence      as valkey-restart; every
+                    mid-workflow, the queue on the folded dial        callback ran once, after its
+                                                                     members (those lost with
+                                                                     Valkey count as completed)
+workflow-restart-   the same on the durable dial                      none lost; a run twice only
+durable                                                              within a beat of the loss
 ==================  ===============================================  ==============================
+
+valkey-wipe, producer-crash and outbox-outage are in :mod:`echomq.supervisor.drills.durable`.
 
 ``drill all`` runs every scenario in turn and prints one table. The exit code
 is 1 when any promise was broken, 2 for a usage error.
@@ -44,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from echomq.supervisor.drills import durable
 from echomq.supervisor.drills.harness import BEAT_MS, Harness, Observation
 
 KILL_EVERY_S = 0.3
@@ -54,6 +69,7 @@ FOLD_WINDOW_S = BEAT_MS / 1000 + 0.15  # "folded within one beat" plus the SQL w
 FAULT_AFTER = 0.2  # inject the fault once this share of the plan has completed
 RUNNING_GAP_S = 1.0  # "the queue keeps running": no longer stretch without a completion
 CLUSTER_HEAL_S = 30.0  # a failover takes about two node timeouts; this bounds the wait
+REHYDRATE_S = 20.0  # bounds the wait for the scheduler's rehydration after a restart
 RETRY_SLACK_S = 0.3  # a failed attempt's retry is due within its 0.2 s (+20 % jitter) backoff
 
 
@@ -66,6 +82,11 @@ class Scenario:
     duplicates_allowed: bool
     valkey_lost: bool = False  # immediate jobs waiting at the fault may be lost (reported)
     kills: bool = False  # duplicates must come from processes the drill killed
+    durable: bool = False  # every admitted job is on the floor: none may be lost
+    # duplicates must come from the fault: an earlier run ended within a beat before the loss
+    # or before the rehydration ended (the close window)
+    loss_window: bool = False
+    setup: Callable[[Harness], None] | None = None  # before the supervisor starts
 
 
 # --- faults --------------------------------------------------------------------------------
@@ -97,11 +118,35 @@ def kill_supervisor(h: Harness) -> None:
     h.obs.fault_end = time.time()
 
 
+def workflow_faults(h: Harness) -> None:
+    """Scenario: kill-consumer, then SIGKILL the supervisor mid-workflow and start anew."""
+    kill_consumer(h)
+    fault_at = h.obs.fault_at
+    kill_supervisor(h)
+    h.obs.fault_at = fault_at
+
+
 def valkey_restart(h: Harness) -> None:
     """Scenario: restart Valkey with its data lost."""
     h.obs.fault_at = time.time()
     h.redis.restart_empty()
     h.obs.fault_end = time.time()
+
+
+def workflow_restart(h: Harness) -> None:
+    """Scenario: restart Valkey without persistence mid-workflow; the fault ends once the
+    supervisor's scheduler has rehydrated the queue from the floor."""
+    before = h.current.events["rehydrate"]
+    h.obs.fault_at = time.time()
+    h.redis.restart_empty()
+    if not h.current.wait_event("rehydrate", before, REHYDRATE_S):
+        h.obs.notes.append(f"no rehydration logged within {REHYDRATE_S}s of the restart")
+    h.obs.fault_end = time.time()
+
+
+def folded_dial(h: Harness) -> None:
+    """Setup: the supervisor on the "folded" dial (the producer needs no floor)."""
+    h.durability = "folded"
 
 
 def valkey_stall(h: Harness) -> None:
@@ -218,6 +263,20 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("rolling-restart", rolling_restart, duplicates_allowed=False),
     # completions not yet replicated at the kill run again on the new master
     Scenario("cluster-failover", cluster_failover, duplicates_allowed=True),
+    # a job completed less than a beat before the wipe may run again (its row still open)
+    Scenario("valkey-wipe", durable.valkey_wipe, duplicates_allowed=True,
+             setup=durable.durable_dial),
+    Scenario("producer-crash", durable.producer_crash, duplicates_allowed=False),
+    Scenario("outbox-outage", durable.outbox_outage, duplicates_allowed=False,
+             setup=durable.app_database),
+    # chords under kill-consumer: a callback runs once its members completed, never before
+    Scenario("workflow", workflow_faults, duplicates_allowed=True, kills=True),
+    # chords across a restart without persistence: a member lost with Valkey (folded:
+    # immediate jobs live in Valkey alone) counts as completed; a callback runs once
+    Scenario("workflow-restart", workflow_restart, duplicates_allowed=True, valkey_lost=True,
+             loss_window=True, setup=folded_dial),
+    Scenario("workflow-restart-durable", workflow_restart, duplicates_allowed=True,
+             valkey_lost=True, durable=True, loss_window=True, setup=durable.durable_dial),
 )}
 
 
@@ -234,6 +293,8 @@ def run_scenario(name: str, jobs: int = 300, processes: int = 2, floor_url: str 
     report: dict[str, Any] | None = None
     try:
         with harness as h:
+            if scenario.setup is not None:
+                scenario.setup(h)
             h.start_supervisor()
             h.start_producer()
             h.wait_progress(FAULT_AFTER)
@@ -276,9 +337,13 @@ def assess(scenario: Scenario, obs: Observation) -> dict[str, Any]:
         if not scenario.valkey_lost or admitted[j] >= fault_at:
             broken.append(j)
             continue
+        if scenario.durable:  # on the floor before its admit returned
+            broken.append(j)
+            continue
         failed = first_fail.get(j)
-        entered = admitted[j] if plans[j].delay else (failed if failed is not None and
-                                                      failed < fault_at else None)
+        # a deferred job, and a blocked one (a callback), enter the fold log at their admit
+        entered = admitted[j] if plans[j].delay or plans[j].after else (
+            failed if failed is not None and failed < fault_at else None)
         if entered is None:
             expected.append(j)
         elif entered < fault_at - FOLD_WINDOW_S:
@@ -303,6 +368,14 @@ def assess(scenario: Scenario, obs: Observation) -> dict[str, Any]:
     if scenario.kills and unexplained:
         failures.append(f"{len(unexplained)} duplicate(s) not explained by a kill, e.g. "
                         f"{unexplained[:3]}")
+    gone = set(expected) | set(window)  # lost with Valkey as the dial allows: count completed
+    early = [j for j in completed if plans[j].after and any(
+        m not in gone and (m not in ok_runs
+                           or min(at for _, at in ok_runs[m]) > min(at for _, at in ok_runs[j]))
+        for m in plans[j].after)]
+    if early:
+        failures.append(f"{len(early)} callback(s) ran before all their members completed, "
+                        f"e.g. {early[:3]}")
     stall = _longest_stall(obs, plans, ok_runs, first_fail)
     if scenario.name == "floor-outage" and stall > RUNNING_GAP_S:
         failures.append(f"the queue stopped for {stall:.2f}s while the floor was down: no job "
@@ -317,6 +390,17 @@ def assess(scenario: Scenario, obs: Observation) -> dict[str, Any]:
     if not obs.settled and not broken:
         failures.append("the queue did not settle before the deadline")
     notes = list(obs.notes)
+    if scenario.loss_window:
+        outside = [j for j in dup_ids if any(
+            not fault_at - FOLD_WINDOW_S <= at <= (obs.fault_end or fault_at)
+            for _, at in sorted(ok_runs[j], key=lambda r: r[1])[:-1])]
+        if outside:
+            failures.append(f"{len(outside)} job(s) run twice although their earlier run "
+                            f"ended outside the loss's window, e.g. {outside[:3]}")
+        twice = [j for j in dup_ids if plans[j].after]
+        if twice:
+            notes.append(f"{len(twice)} callback(s) ran twice within the loss's window, e.g. "
+                         f"{twice[:3]}")
     if scenario.name == "floor-outage" and not obs.events.get("floor-down"):
         notes.append("the supervisor never reported the floor down: was the outage felt?")
     if obs.floor_open:
@@ -382,7 +466,7 @@ def _sample(ids: list[str], plans: dict[str, Any], fails: dict[str, float]) -> s
 
 # --- output ------------------------------------------------------------------------------
 
-COLUMNS = (("scenario", 16), ("floor", 10), ("admitted", 8), ("completed", 9), ("lost", 9),
+COLUMNS = (("scenario", 24), ("floor", 10), ("admitted", 8), ("completed", 9), ("lost", 9),
            ("duplicates", 14), ("dead", 4), ("recovery_s", 10), ("result", 6))
 
 
@@ -410,8 +494,8 @@ def table(reports: list[dict[str, Any]]) -> str:
         lines.append("* lost_immediate (expected: Valkey lost its data): immediate jobs that "
                      "were waiting when the server restarted empty")
     if any(r.get("lost_in_fold_window") for r in reports):
-        lines.append("~ deferred or retried less than one beat before Valkey lost its data "
-                     "(not yet folded: the dial allows this window)")
+        lines.append("~ deferred, retried or blocked less than one beat before Valkey lost its "
+                     "data (not yet folded: the dial allows this window)")
     for r in reports:
         for failure in r.get("failures", []):
             lines.append(f"{r['scenario']}: FAIL {failure}")

@@ -40,7 +40,8 @@ def test_aio_queue_admits_reads_and_cancels_on_every_master(cluster: LocalCluste
             assert await aq.cancel(later) is True, name
             assert await aq.cancel(later) is False, name  # already cancelled
             assert await aq.counts() == {"waiting": 6, "scheduled": 0, "active": 0,
-                                         "completed": 0, "dead": 0, "cancelled": 1}, name
+                                         "completed": 0, "dead": 0, "cancelled": 1,
+                                         "blocked": 0}, name
             assert await aq.pause() is True and await aq.resume() is True, name
             assert aq.cluster, name
             out[name] = ([one, *many], later)

@@ -91,7 +91,7 @@ def test_one_supervisor_serves_thirty_queues_on_every_node(
         assert _done(r, n) == Counter({job_id: 1 for job_id in expected[n]}), n
         counts = echomq.Queue(n, redis=rc).counts()
         assert counts == {"waiting": 0, "scheduled": 0, "active": 0, "completed": 8,
-                          "dead": 0, "cancelled": 1}, n
+                          "dead": 0, "cancelled": 1, "blocked": 0}, n
     assert sup.stop() == 0, sup.log[-3000:]
 
 

@@ -19,7 +19,7 @@ def test_add_returns_id_and_job_is_waiting(redis_url: str, queue_name: str) -> N
     assert (job.id, job.name, job.payload, job.lane, job.state, job.attempts) == (
         job_id, "send", {"to": "a@b.c"}, "player-42", "waiting", 0)
     assert q.counts() == {"waiting": 1, "scheduled": 0, "active": 0, "completed": 0, "dead": 0,
-                          "cancelled": 0}
+                          "cancelled": 0, "blocked": 0}
 
 
 def test_admit_is_idempotent_on_job_id(redis_url: str, queue_name: str, r: redis.Redis) -> None:
@@ -33,7 +33,7 @@ def test_admit_is_idempotent_on_job_id(redis_url: str, queue_name: str, r: redis
     # a delayed re-add of an existing id changes nothing either
     q.add("send", {"v": 3}, job_id="order-7", delay=10)
     assert q.counts() == {"waiting": 1, "scheduled": 0, "active": 0, "completed": 0, "dead": 0,
-                          "cancelled": 0}
+                          "cancelled": 0, "blocked": 0}
 
 
 class CountingConnection(redis.Connection):

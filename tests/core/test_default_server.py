@@ -74,3 +74,23 @@ def test_a_process_with_the_environment_variable_uses_it(redis_url: str,
     assert len(ids) == 2
     q = echomq.Queue(queue_name, redis_url=redis_url)
     assert all(q.get(job_id) is not None for job_id in ids)
+
+
+def test_configured_defaults_are_the_settings_of_queues_made_without_their_own(
+        configured: str, queue_name: str) -> None:
+    echomq.configure(redis_url=configured, defaults={"max_attempts": 7, "keep_completed": 5})
+    q = echomq.Queue(queue_name)
+    assert q.get(q.add("x", {})).max_attempts == 7
+    assert q.settings.keep_completed == 5
+    assert echomq.Queue(queue_name, max_attempts=2).settings.max_attempts == 2  # its own wins
+    assert echomq.aio.Queue(queue_name).settings.max_attempts == 7
+    given = echomq.QueueSettings(max_attempts=4)
+    assert echomq.Queue(queue_name, settings=given).settings.max_attempts == 4
+    # a bad default changes nothing: the server and the defaults stay as they were
+    for bad in ({"max_attempt": 7}, {"max_attempts": 0}):
+        with pytest.raises(echomq.ConfigError):
+            echomq.configure(redis_url="redis://elsewhere:1/0", defaults=bad)
+        assert pools.default_url() == configured
+        assert echomq.Queue(queue_name).settings.max_attempts == 7
+    echomq.configure(redis_url=configured)  # no defaults: the built-in settings again
+    assert echomq.Queue(queue_name).settings == echomq.QueueSettings()

@@ -43,7 +43,7 @@ def test_a_producer_of_a_sync_queue_without_a_floor_fails_loudly(
     with pytest.raises(ConfigError, match="durability 'sync'"):
         q.add_many([("send", {}), ("send", {}, {"delay": 60})])
     assert q.counts() == {"waiting": 0, "scheduled": 0, "active": 0, "completed": 0, "dead": 0,
-                          "cancelled": 0}
+                          "cancelled": 0, "blocked": 0}
     q.add("send", {})  # a job due now never waits on the floor: the dial does not apply
     assert q.counts()["waiting"] == 1
 

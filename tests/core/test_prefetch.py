@@ -254,7 +254,7 @@ def test_a_poke_while_a_claim_that_comes_back_short_is_on_its_way_is_not_lost(
         second = q.add("x", {})
         pool = consumer._pool
         assert pool is not None
-        _wait(lambda: not pool.dry, 10, "the ring to poke the drain")
+        _wait(lambda: not pool.dry, 30, "the ring to poke the drain")
         release.set()
         _wait(lambda: second in started, 10, "the job admitted meanwhile to run")
     finally:

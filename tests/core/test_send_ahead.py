@@ -37,8 +37,9 @@ import echomq
 from echomq import scripts
 from echomq.concurrent import max_held
 from echomq.connection import ServerRefused, client_from_url
+from echomq.early import EarlySettle
 from echomq.job import Claimed
-from echomq.lanes import Ahead, Lanes
+from echomq.lanes import Ahead, Lanes, Outcome
 
 # --- helpers ---------------------------------------------------------------------------
 
@@ -315,7 +316,7 @@ def test_a_long_job_costs_the_jobs_a_supervised_consumer_claimed_after_it_no_sta
         claimed_ahead.update(_leased(r, q) - sup.held())
         until = time.monotonic() + 2.5 * lease_ms / 1000
         while time.monotonic() < until:  # the supervisor's timer, every third of a lease
-            sup.arbiter.leases.extend()
+            sup.arbiter.leases.extend(time.monotonic())
             scripts.reap(r, q.keys)  # another consumer's reaper
             tick.wait(lease_ms / 3000)
 
@@ -868,6 +869,7 @@ def test_finished_outcomes_settle_early_under_a_long_job_with_a_time_limit(
     # j2 has a time limit: past half of it, j1's outcome (finished in the same batch) is
     # settled while j2 runs; j0's went out ahead before the batch started
     q = echomq.Queue(queue_name, redis_url=redis_url)
+    scripts.load_all(q.redis, q.keys.prefix)  # as a supervisor's consumer does at its start
     for i in range(5):
         q.add("x", {"n": i}, job_id=f"j{i}", timeout=0.4 if i == 2 else None)
     seen: dict[str, str] = {}
@@ -885,6 +887,32 @@ def test_finished_outcomes_settle_early_under_a_long_job_with_a_time_limit(
     assert seen == {"j0": "completed"}
     assert {f"j{i}": _state(q, f"j{i}") for i in range(5)} == {
         f"j{i}": ("completed", 1, 0) for i in range(5)}
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_finished_outcomes_settle_while_a_long_job_without_a_time_limit_runs(
+        redis_url: str, queue_name: str, ahead: bool) -> None:
+    # j2 has no time limit and waits on a gate: j1's outcome, finished in the same batch,
+    # is recorded while j2 runs (its result is readable, its dependents released), not
+    # held until j2 returns; a crash of j2's process would otherwise run j1 again
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    _add(q, 5)
+    seen: dict[str, str] = {}
+
+    def handler(job: echomq.Job) -> None:
+        if job.id == "j2":  # runs until j1's outcome is recorded (or fails the job)
+            _wait(lambda: _state(q, "j1")[0] == "completed", 10, "j1 to settle early")
+            seen["j1"] = _state(q, "j1")[0]
+
+    consumer = Probe(q, handler, ahead=ahead)
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert seen == {"j1": "completed"}
+    assert {f"j{i}": _state(q, f"j{i}") for i in range(5)} == {
+        f"j{i}": ("completed", 1, 0) for i in range(5)}
+    assert consumer.settled.count(("j1", scripts.Settled.COMPLETED)) == 1
 
 
 def test_send_ahead_is_off_where_the_worker_must_not_claim_past_a_limit(
@@ -922,7 +950,7 @@ def test_jobs_claimed_ahead_keep_their_leases_under_a_job_that_outlives_the_clai
 
     def timer_pass() -> None:
         """The supervisor's extension timer, and another consumer's reaper."""
-        sup.arbiter.leases.extend()
+        sup.arbiter.leases.extend(time.monotonic())
         scripts.reap(r, q.keys)
         tick.wait(lease_ms / 3000)  # the timer's period: a third of a lease
 
@@ -942,3 +970,104 @@ def test_jobs_claimed_ahead_keep_their_leases_under_a_job_that_outlives_the_clai
     # (runs, state, attempts, stalls)
     assert {j: (runs[j], *_state(q, j)) for j in ids} == {
         j: (1, "completed", 1, 0) for j in ids}
+
+
+@pytest.mark.parametrize("retries_early", [True, False])
+def test_early_settles_stop_at_a_retry_where_retries_are_written_through(
+        redis_url: str, queue_name: str, retries_early: bool) -> None:
+    # durability "sync": a retry's settle is followed by its write-through to the floor
+    # before the next job starts, so a batch's early settles stop at the first retry;
+    # elsewhere a retry settles beside the batch like any outcome. [j0] runs alone, then
+    # [j1 ok, j2 retried, j3 ok, j4 long]: j4 waits for j1's early settle
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    _add(q, 5)
+    seen: dict[str, str] = {}
+
+    def handler(job: echomq.Job) -> None:
+        if job.id == "j2" and job.attempts == 1:
+            raise RuntimeError("retry me")
+        if job.id == "j4":
+            _wait(lambda: _state(q, "j1")[0] == "completed", 10, "j1 to settle early")
+            seen["j2"] = _state(q, "j2")[0]
+
+    consumer = Probe(q, handler, size=4)
+    consumer._drainer.retries_early = retries_early
+    try:
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert consumer.batches[:2] == [["j0"], ["j1", "j2", "j3", "j4"]]
+    assert seen == {"j2": "scheduled" if retries_early else "active"}
+    assert _state(q, "j2")[:2] == ("scheduled", 1)
+
+
+def test_a_hook_failing_on_early_settled_outcomes_keeps_the_later_ones(
+        redis_url: str, queue_name: str) -> None:
+    # the owner's hook for outcomes the batch's thread settled fails (a write-through that
+    # could not read the server): the drain stops, and what finished after them is kept
+    # and settled first by the next call, not dropped with its jobs left leased
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    _add(q, 3)
+    failed: list[str] = []
+
+    class Failing(Probe):
+        def after_settle(self, outcomes: Sequence[Any], codes: Sequence[scripts.Settled]
+                         ) -> None:
+            super().after_settle(outcomes, codes)
+            if not failed and any(o.job_id == "j1" for o in outcomes):
+                failed.append("j1")
+                raise redis.ConnectionError("the server went away")
+
+    def handler(job: echomq.Job) -> None:
+        if job.id == "j2":
+            _wait(lambda: _state(q, "j1")[0] == "completed", 10, "j1 to settle early")
+
+    consumer = Failing(q, handler, size=2)
+    try:
+        with pytest.raises(redis.ConnectionError):
+            consumer._drainer.run()
+        assert [o.job_id for o in consumer._drainer.pending] == ["j2"]
+        assert _state(q, "j2")[0] == "active"
+        consumer._drainer.run()
+    finally:
+        consumer.close()
+    assert {f"j{i}": _state(q, f"j{i}") for i in range(3)} == {
+        f"j{i}": ("completed", 1, 0) for i in range(3)}
+
+
+class _EndsOnce(BaseException):
+    """Raised out of the settler thread, as a gevent Timeout or a SystemExit would be."""
+
+
+class _SettleEndingOnce(Lanes):
+    ended = False
+
+    def settle(self, outcomes: Sequence[Outcome]) -> list[scripts.Settled]:
+        if not self.ended:
+            self.ended = True
+            raise _EndsOnce
+        return super().settle(outcomes)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_settler_thread_ended_by_a_base_exception_neither_hangs_the_disarm_nor_the_next(
+        redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    _add(q, 2)
+    claimed = Lanes(q.redis, q.keys, q.settings).claim(2)
+    early = EarlySettle(_SettleEndingOnce(q.redis, q.keys, q.settings))
+    early.arm([Outcome(claimed[0].id, claimed[0].token, "c", "null", 0)], 0.01)
+    ended = early.thread
+    assert ended is not None
+    ended.join(10)
+    assert not ended.is_alive()
+    done: list[tuple[int, list[scripts.Settled]]] = []
+    waiter = threading.Thread(target=lambda: done.append(early.disarm()), daemon=True)
+    waiter.start()
+    waiter.join(10)
+    assert done == [(0, [])]  # nothing settled early: the batch settles it, as usual
+    assert _state(q, "j0")[0] == "active"
+    early.arm([Outcome(c.id, c.token, "c", "null", 0) for c in claimed], 0.01)
+    _wait(lambda: all(_state(q, c.id)[0] == "completed" for c in claimed), 10,
+          "a new settler thread to settle the next arm's outcomes")
+    assert early.thread is not ended and early.disarm()[0] == 2

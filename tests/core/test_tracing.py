@@ -1,13 +1,11 @@
-"""Optional OpenTelemetry: add() carries the active trace context in the job, and the
-consumer runs the handler in a CONSUMER span linked to it.
-
-opentelemetry-api alone records nothing, so the test gives the API a small recording
-tracer (in place of an SDK) and checks the spans the consumer asked it for.
-"""
+"""OpenTelemetry: add() runs in a PRODUCER span whose context the job carries (add_many:
+one span for the batch, with its count), and the consumer runs the handler in a CONSUMER
+span linked to it, both with the ``messaging.*`` attributes. Recorded by the SDK's
+in-memory exporter."""
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,61 +15,119 @@ import redis
 import echomq
 
 trace = pytest.importorskip("opentelemetry.trace")
-
-TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
-SPAN_ID = 0xB7AD6B7169203331
-
-
-class RecordingTracer(trace.Tracer):  # type: ignore[misc]
-    def __init__(self) -> None:
-        self.spans: list[dict[str, Any]] = []
-
-    def start_span(self, name: str, context: Any = None, kind: Any = None,
-                   attributes: Any = None, links: Any = None, **_: Any) -> Any:
-        self.spans.append({"name": name, "kind": kind, "links": list(links or []),
-                           "attributes": dict(attributes or {})})
-        return trace.NonRecordingSpan(trace.SpanContext(
-            TRACE_ID + len(self.spans), 0x1000 + len(self.spans), is_remote=False,
-            trace_flags=trace.TraceFlags(1)))
-
-    @contextlib.contextmanager
-    def start_as_current_span(self, name: str, **kwargs: Any) -> Iterator[Any]:
-        span = self.start_span(name, **kwargs)
-        with trace.use_span(span, end_on_exit=True):
-            yield span
+sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+    InMemorySpanExporter,
+)
 
 
-def _producer_span() -> Any:
-    return trace.NonRecordingSpan(trace.SpanContext(TRACE_ID, SPAN_ID, is_remote=False,
-                                                    trace_flags=trace.TraceFlags(1)))
+@pytest.fixture
+def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = sdk_trace.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer", lambda *a, **k: provider.get_tracer("echomq"))
+    yield exporter
+    provider.shutdown()
 
 
-def test_add_carries_the_trace_context_and_the_handler_runs_in_a_linked_span(
-        redis_url: str, queue_name: str, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    tracer = RecordingTracer()
-    monkeypatch.setattr(trace, "get_tracer", lambda *a, **k: tracer)
+def _traceparent(span: Any) -> str:
+    ctx = span.context
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def test_add_runs_in_a_producer_span_the_consumer_span_links_to(
+        redis_url: str, queue_name: str, r: redis.Redis, spans: InMemorySpanExporter) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
-    with trace.use_span(_producer_span()):
-        traced = q.add("send", {"n": 1})
+    app = trace.get_tracer("app")
+    with app.start_as_current_span("request") as request:
+        jid = q.add("send", {"n": 1})
         later = q.add("send", {"n": 2}, delay=0.01)
-    plain = q.add("send", {"n": 3})
-    parent = f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01"
-    assert r.hget(q.keys.job(traced), "trace") == parent.encode()
-    assert r.hget(q.keys.job(later), "trace") == parent.encode()
-    assert r.hget(q.keys.job(plain), "trace") is None
+    [producer, deferred, parent] = spans.get_finished_spans()
+    assert parent.name == "request"
+    for span, job_id in ((producer, jid), (deferred, later)):
+        assert span.kind == trace.SpanKind.PRODUCER and span.name == f"send {queue_name}"
+        assert span.parent.span_id == request.get_span_context().span_id
+        assert span.attributes["messaging.system"] == "echomq"
+        assert span.attributes["messaging.destination.name"] == queue_name
+        assert span.attributes["messaging.operation.type"] == "send"
+        assert span.attributes["messaging.message.id"] == job_id
+        assert r.hget(q.keys.job(job_id), "trace") == _traceparent(span).encode()
 
     seen: dict[str, int] = {}
 
     def handler(job: echomq.Job) -> None:
-        seen[job.id] = trace.get_current_span().get_span_context().trace_id
+        seen[job.id] = trace.get_current_span().get_span_context().span_id
 
     r.zadd(q.keys.schedule, {later: 0})
+    spans.clear()
     echomq.Consumer(q, handler).run(burst=True)
-    assert set(seen) == {traced, later, plain}
-    assert len(tracer.spans) == 2, "only traced jobs get a span"
-    for span in tracer.spans:
-        assert span["kind"] == trace.SpanKind.CONSUMER
-        [link] = span["links"]
-        assert (link.context.trace_id, link.context.span_id) == (TRACE_ID, SPAN_ID)
-        assert span["attributes"]["messaging.destination.name"] == queue_name
-    assert seen[traced] != TRACE_ID and seen[plain] == 0  # its own span; none for plain
+    consumers = spans.get_finished_spans()
+    assert len(consumers) == 2
+    linked = {}
+    for span in consumers:
+        assert span.kind == trace.SpanKind.CONSUMER
+        assert span.attributes["messaging.operation.type"] == "process"
+        [link] = span.links
+        linked[span.attributes["messaging.message.id"]] = link.context.span_id
+        assert seen[span.attributes["messaging.message.id"]] == span.context.span_id
+    assert linked == {jid: producer.context.span_id, later: deferred.context.span_id}
+
+
+def test_add_many_is_one_producer_span_with_the_count(
+        redis_url: str, queue_name: str, r: redis.Redis, spans: InMemorySpanExporter) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    ids = q.add_many([("send", {"n": i}) for i in range(3)])
+    [producer] = spans.get_finished_spans()
+    assert producer.kind == trace.SpanKind.PRODUCER and producer.parent is None
+    assert producer.attributes["messaging.batch.message_count"] == 3
+    assert producer.attributes["messaging.operation.name"] == "add_many"
+    assert {r.hget(q.keys.job(j), "trace") for j in ids} == {_traceparent(producer).encode()}
+    spans.clear()
+    echomq.Consumer(q, lambda job: None).run(burst=True)
+    consumers = spans.get_finished_spans()
+    assert len(consumers) == 3
+    assert {s.links[0].context.span_id for s in consumers} == {producer.context.span_id}
+
+
+def test_aio_add_runs_in_a_producer_span(redis_url: str, queue_name: str, r: redis.Redis,
+                                         spans: InMemorySpanExporter) -> None:
+    async def main() -> tuple[str, list[str]]:
+        aq = echomq.aio.Queue(queue_name, redis_url=redis_url)
+        try:
+            return await aq.add("send", {}), await aq.add_many([("a", {}), ("b", {})])
+        finally:
+            await aq.close()
+
+    one, many = asyncio.run(main())
+    single, batch = spans.get_finished_spans()
+    assert single.kind == batch.kind == trace.SpanKind.PRODUCER
+    assert single.attributes["messaging.message.id"] == one
+    assert batch.attributes["messaging.batch.message_count"] == 2
+    assert r.hget(echomq.Queue(queue_name, redis_url=redis_url).keys.job(one), "trace") == \
+        _traceparent(single).encode()
+
+
+def test_without_a_tracer_provider_jobs_carry_no_trace(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    jid = q.add("send", {})
+    assert r.hget(q.keys.job(jid), "trace") is None
+
+
+def test_a_workflow_is_one_producer_span_every_job_carries(
+        redis_url: str, queue_name: str, r: redis.Redis, spans: InMemorySpanExporter) -> None:
+    @echomq.task(queue=queue_name, name=f"{queue_name}.one", redis_url=redis_url)
+    def one(*_: object) -> int:
+        return 1
+
+    wf = echomq.chord(echomq.group(one.s() for _ in range(3)), one.s()).send()
+    [producer] = spans.get_finished_spans()
+    assert producer.kind == trace.SpanKind.PRODUCER and producer.name == f"send {queue_name}"
+    assert producer.attributes["messaging.operation.name"] == "workflow"
+    assert producer.attributes["messaging.batch.message_count"] == 4
+    assert producer.attributes["echomq.workflow.id"] == wf.id
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    assert {r.hget(q.keys.job(j), "trace") for j in wf.job_ids} == {
+        _traceparent(producer).encode()}

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from echomq.supervisor.drills import handler as drill_handler
+from echomq.supervisor.drills.durable import OUTBOX_JOBS
 from echomq.supervisor.drills.harness import JobPlan, Observation
 from echomq.supervisor.drills.scenarios import SCENARIOS, assess, run_scenario, table
 
@@ -20,17 +21,19 @@ from echomq.job import Job
 
 JOBS = 200
 PROCESSES = 2
-NO_DUPLICATES = {"floor-outage", "rolling-restart"}
+NO_DUPLICATES = {"floor-outage", "rolling-restart", "producer-crash", "outbox-outage"}
+OUTBOX_SCENARIOS = {"producer-crash", "outbox-outage"}  # each adds OUTBOX_JOBS by tx=
 
 
 def check_promise(report: dict[str, Any]) -> None:
     shown = table([report])
     assert report["ok"], shown
-    assert report["admitted"] == JOBS, shown
+    extra = OUTBOX_JOBS if report["scenario"] in OUTBOX_SCENARIOS else 0
+    assert report["admitted"] == JOBS + extra, shown
     assert report["lost"] == 0 and report["dead"] == 0, shown
     accounted = report["completed"] + report["lost_immediate"] + report["lost_in_fold_window"]
     assert accounted == report["admitted"], shown
-    if report["scenario"] != "valkey-restart":
+    if report["scenario"] not in ("valkey-restart", "workflow-restart"):
         assert report["lost_immediate"] == report["lost_in_fold_window"] == 0, shown
     if report["scenario"] in NO_DUPLICATES:
         assert report["duplicates"] == 0, shown
@@ -46,15 +49,27 @@ def test_drill_on_sqlite(scenario: str, doorbell: str) -> None:
         assert report["consumers_killed"] >= 5, table([report])
     if scenario == "floor-outage":
         assert report["supervisor_events"].get("floor-down"), table([report])
+    if scenario.startswith("workflow-restart"):  # at its start, then after the restart
+        assert report["supervisor_events"].get("rehydrate", 0) >= 2, table([report])
 
 
-@pytest.mark.parametrize("scenario", ["kill-consumer", "floor-outage", "rolling-restart"])
+@pytest.mark.parametrize("scenario", ["kill-consumer", "floor-outage", "rolling-restart",
+                                      "valkey-wipe", "producer-crash"])
 def test_drill_on_postgresql(scenario: str, pg_floor_url: str, doorbell: str) -> None:
     report = run_scenario(scenario, JOBS, PROCESSES, floor_url=pg_floor_url, doorbell=doorbell)
     assert report["floor"] == "postgresql"
     check_promise(report)
     if scenario == "floor-outage":
         assert report["supervisor_events"].get("floor-down"), table([report])
+
+
+@pytest.mark.parametrize("scenario", ["workflow-restart", "workflow-restart-durable"])
+def test_workflow_across_a_restart_without_persistence_on_postgresql(
+        scenario: str, pg_floor_url: str) -> None:
+    report = run_scenario(scenario, JOBS, PROCESSES, floor_url=pg_floor_url)
+    assert report["floor"] == "postgresql"
+    check_promise(report)
+    assert report["supervisor_events"].get("rehydrate", 0) >= 2, table([report])
 
 
 def test_cli_prints_json_and_exits_zero() -> None:
@@ -90,6 +105,21 @@ def _facts(scenario: str, lost: JobPlan, admitted_at: float, failed_at: float | 
     if failed_at is not None:
         obs.ledger.append((lost.id, 1, 11, "fail", failed_at))
     return obs
+
+
+def test_a_callback_before_its_members_fails_the_workflow_drill() -> None:
+    member = JobPlan("j-m", "lane-1", None, False)
+    callback = JobPlan("j-cb", "lane-1", None, False, after=("j-m",))
+
+    def facts(cb_at: float) -> Observation:
+        return Observation(scenario="workflow", floor="sqlite", queue="q", seed=1,
+                           plan=[member, callback], admitted_at={"j-m": 100.0, "j-cb": 100.0},
+                           ledger=[("j-m", 1, 11, "ok", 101.0), ("j-cb", 1, 11, "ok", cb_at)],
+                           fault_at=100.5, fault_end=100.6, settled=True)
+
+    assert assess(SCENARIOS["workflow"], facts(101.5))["ok"]
+    early = assess(SCENARIOS["workflow"], facts(100.9))
+    assert not early["ok"] and "ran before all their members" in early["failures"][0]
 
 
 def test_a_lost_job_fails_the_drill() -> None:

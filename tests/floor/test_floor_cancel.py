@@ -8,20 +8,12 @@ import json
 
 import pytest
 import redis
+from beats import tick as _tick
 from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.scheduler import Scheduler
 
 import echomq
 from echomq.floor import Floor
-
-
-def _tick(s: Scheduler) -> None:
-    while True:
-        s.next_restore = 0.0
-        s.floor_retry_at = 0.0
-        s.tick(0.0)
-        if s.next_tick != 0.0:
-            return
 
 
 def test_cancel_scheduled_job_closes_its_floor_row(floor: Floor, redis_url: str,

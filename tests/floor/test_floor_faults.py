@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 import sqlalchemy as sa
+from beats import tick as _tick
 from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.scheduler import Scheduler
 
@@ -26,16 +27,6 @@ HOUR_MS = 3_600_000
 
 def _scheduler(client: redis.Redis, floor: Floor, queue: str, **kw: Any) -> Scheduler:
     return Scheduler(queue, client, floor, beat_ms=100, horizon_s=3600, **kw)
-
-
-def _tick(s: Scheduler) -> None:
-    """One beat now, plus the immediate follow-ups a beat with more work asks for."""
-    while True:
-        s.next_restore = 0.0
-        s.floor_retry_at = 0.0
-        s.tick(0.0)
-        if s.next_tick != 0.0:
-            return
 
 
 def _rows(floor: Floor, queue: str) -> dict[str, Any]:

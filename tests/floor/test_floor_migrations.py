@@ -120,11 +120,26 @@ def test_lane_limits_revision_up_and_down_keeps_the_rest(empty_floor: Floor) -> 
     assert "emq_floor_lane_limits" not in _tables(empty_floor)
     empty_floor.upsert("q", [FloorRow("kept", 5, {"name": "x"})], fence=1)
     empty_floor.put_crons("q", [("nightly", "{}", 7)], None)
-    empty_floor.upgrade()
-    assert empty_floor.current_revision() == "0003_lane_limits" == empty_floor.head_revision()
+    empty_floor.upgrade("0003_lane_limits")
+    assert empty_floor.current_revision() == "0003_lane_limits"
     empty_floor.put_lane_limits("q", {"a": "1"}, fence=1)
     assert empty_floor.lane_limit_rows("q") == {"a": "1"}
     empty_floor.downgrade("0002_crons")
     assert "emq_floor_lane_limits" not in _tables(empty_floor)
     assert [r.job_id for r in empty_floor.open_rows("q", None, 10)] == ["kept"]
     assert empty_floor.cron_rows("q") == [("nightly", "{}", 7)]
+
+
+def test_durable_revision_adds_the_outbox_and_keeps_the_rows(empty_floor: Floor) -> None:
+    """0003 -> 0004 adds the outbox table and the rows' admit order; down drops them."""
+    from echomq.floor import FloorRow
+
+    empty_floor.upgrade("0003_lane_limits")
+    empty_floor.upsert("q", [FloorRow("kept", 5, {"name": "x"})], fence=1)
+    empty_floor.upgrade()
+    assert empty_floor.current_revision() == "0004_durable" == empty_floor.head_revision()
+    assert "emq_outbox" in _tables(empty_floor)
+    assert [r.seq for r in empty_floor.rows_in_order("q", None, 10)] == [0]
+    empty_floor.downgrade("0003_lane_limits")
+    assert "emq_outbox" not in _tables(empty_floor)
+    assert [r.job_id for r in empty_floor.open_rows("q", None, 10)] == ["kept"]

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import pytest
 import redis
 import sqlalchemy as sa
+from beats import tick as _tick
 from echomq.supervisor.drills.localredis import LocalRedis
 from echomq.supervisor.scheduler import Scheduler
 
@@ -28,17 +29,6 @@ def _scheduler(client: redis.Redis, floor: Floor, queue: str, **kw: object) -> S
     s = Scheduler(queue, client, floor, beat_ms=100, horizon_s=3600, **kw)  # type: ignore[arg-type]
     client.hset(f"emq:{{{queue}}}:meta", "fold", "1")
     return s
-
-
-def _tick(s: Scheduler) -> None:
-    """One beat now, whatever backoff the last one chose (the test drives the clock), and
-    the immediate follow-up ticks a beat with more work than its time budget asks for."""
-    while True:
-        s.next_restore = 0.0
-        s.floor_retry_at = 0.0
-        s.tick(0.0)
-        if s.next_tick != 0.0:
-            return
 
 
 def _run_all(q: echomq.Queue, ran: Counter[str]) -> None:

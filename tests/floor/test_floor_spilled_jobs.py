@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+from beats import tick as _tick
 from echomq.supervisor.drills.localredis import LocalRedis, free_port
 from echomq.supervisor.scheduler import Scheduler
 
@@ -30,16 +31,6 @@ def _scheduler(client: redis.Redis, floor: Floor, queue: str) -> Scheduler:
     s = Scheduler(queue, client, floor, beat_ms=100, horizon_s=3600)
     client.hset(f"emq:{{{queue}}}:meta", "fold", "1")
     return s
-
-
-def _tick(s: Scheduler) -> None:
-    """One beat now, and the follow-up ticks a beat with more work asks for."""
-    while True:
-        s.next_restore = 0.0
-        s.floor_retry_at = 0.0
-        s.tick(0.0)
-        if s.next_tick != 0.0:
-            return
 
 
 def _wait(predicate: Any, seconds: float, what: str) -> None:
@@ -237,3 +228,21 @@ def test_a_stub_is_never_run_nor_copied_over_its_row(floor: Floor, server: Local
     assert restored is not None and restored.payload == PAYLOAD and not restored.spilled
     sched.close()
 
+
+
+def test_a_spilled_job_keeps_its_expiry_when_its_id_is_added_again(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("spillexp", redis=client, floor=floor)
+    sched = _scheduler(client, floor, "spillexp")
+    _tick(sched)
+    job_id = q.add("far", PAYLOAD, delay=7200, expires=86400, job_id="far-1")
+    at = client.zscore("emq:{spillexp}:expiring", job_id)
+    _tick(sched)
+    assert client.sismember(q.keys.spilled, job_id)
+    # the same id again, with the same payload and a short expiry: the stub is not the job
+    assert q.add("far", PAYLOAD, delay=7200, expires=0.05, job_id="far-1") == job_id
+    assert q.add_many([("far", PAYLOAD, {"delay": 7200, "expires": 0.05,
+                                         "job_id": "far-1"})]) == [job_id]
+    assert client.zscore("emq:{spillexp}:expiring", job_id) == at
+    assert client.hget(q.keys.job(job_id), "state") == b"scheduled"

@@ -89,8 +89,8 @@ def test_retry_moves_dead_jobs_back(cli: Any, redis_url: str, queue_name: str) -
     assert q.counts()["dead"] == 0 and q.counts()["waiting"] == 3
 
 
-def test_cancel_waiting_refuses_active_and_unknown(cli: Any, redis_url: str,
-                                                  queue_name: str) -> None:
+def test_cancel_waiting_scheduled_and_active_refuses_finished_and_unknown(
+        cli: Any, redis_url: str, queue_name: str) -> None:
     q = echomq.Queue(queue_name, redis_url=redis_url)
     active = q.add("x", 1)
     Lanes(q.redis, q.keys, q.settings).claim(1)
@@ -99,14 +99,15 @@ def test_cancel_waiting_refuses_active_and_unknown(cli: Any, redis_url: str,
     ok = cli("cancel", queue_name, waiting, "--json")
     assert ok.code == 0 and ok.json["cancelled"] is True
     assert cli("cancel", queue_name, scheduled).code == 0
-    refused = cli("cancel", queue_name, active, "--json")
-    assert refused.code == 1 and "active" in refused.err
-    assert refused.json == {"queue": queue_name, "id": active, "cancelled": False,
-                            "state": "active", "error": refused.err.strip()[len("echomq: "):]}
+    running = cli("cancel", queue_name, active, "--json")
+    assert running.code == 0 and running.json["cancelled"] is True
+    assert q.get(active).error == "cancelled while running"  # type: ignore[union-attr]
     assert cli("cancel", queue_name, "nope").code == 1
-    again = cli("cancel", queue_name, waiting)
+    again = cli("cancel", queue_name, waiting, "--json")
     assert again.code == 1 and "is cancelled" in again.err
-    assert q.counts()["cancelled"] == 2
+    assert again.json == {"queue": queue_name, "id": waiting, "cancelled": False,
+                          "state": "cancelled", "error": again.err.strip()[len("echomq: "):]}
+    assert q.counts()["cancelled"] == 3
 
 
 def test_pause_and_resume(cli: Any, redis_url: str, queue_name: str) -> None:

@@ -273,3 +273,47 @@ def test_read_only_dashboard_needs_no_token(dashboard: Any, redis_url: str,
     assert d.get("/login")[0] == 404
     assert d.post("/action", {"action": "pause", "queue": queue_name},
                   {"Authorization": f"Bearer {TOKEN}"})[0] == 403
+
+
+def test_the_queue_section_shows_the_queue_wide_limit(dashboard: Any, redis_url: str,
+                                                      queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add("x", {})
+    d = dashboard(token=None)
+    assert 'id="queue-limit"' not in d.get(f"/?queue={queue_name}")[1]
+    q.set_queue_limit(max_active=7, rate=50, per_s=2)
+    code, page = d.get(f"/?queue={queue_name}")
+    assert code == 200 and "queue limit: at most 7 active, 50 starts per 2 s" in page
+
+
+def test_page_follows_the_event_stream_without_reloading(browser: Any, dashboard: Any,
+                                                         redis_url: str, queue_name: str) -> None:
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add("send", {"i": 0})
+    d = dashboard(token=None)
+    page, problems = _open(browser, d.url + "?" + urllib.parse.urlencode({"queue": queue_name}))
+    page.wait_for_function("document.getElementById('live-state').textContent === 'live'",
+                           timeout=15_000)
+    page.evaluate("window.notReloaded = true")
+    row = page.locator(f'#queues tr[data-queue="{queue_name}"]')
+    assert row.locator('td[data-count="waiting"]').inner_text() == "1"
+    ids = q.add_many([("send", {"i": i}) for i in range(1, 4)])
+    page.wait_for_function(
+        f"""document.querySelector('#queues tr[data-queue="{queue_name}"] """
+        """td[data-count="waiting"]').textContent === '4'""", timeout=15_000)
+    echomq.Consumer(q, lambda job: None).run(burst=True)
+    page.wait_for_function(
+        f"""document.querySelector('#queues tr[data-queue="{queue_name}"] """
+        """td[data-count="completed"]').textContent === '4'""", timeout=15_000)
+    page.locator(f'#live-events li[data-kind="completed"][data-job="{ids[-1]}"]').wait_for(
+        timeout=15_000)
+    assert row.locator('td[data-count="waiting"]').inner_text() == "0"
+    assert page.locator(f'#live-events li[data-job="{ids[0]}"][data-kind="added"]').count() == 1
+    assert page.evaluate("window.notReloaded") is True, "updated in place, not reloaded"
+    assert problems == []
+
+
+def test_events_endpoint_refuses_a_bad_queue_name(dashboard: Any) -> None:
+    d = dashboard(token=None)
+    code, body = d.get("/events?queue=" + urllib.parse.quote("no spaces"))
+    assert code == 400 and "invalid queue name" in body

@@ -50,6 +50,18 @@ def commands(rule: list[str]) -> set[str]:
     return {word[1:] for word in rule if word.startswith("+") and not word.startswith("+@")}
 
 
+PUBSUB = {"publish", "subscribe", "psubscribe", "spublish", "ssubscribe"}
+
+
+def check_channels(rule: list[str], used: set[str]) -> None:
+    """Channels are denied (``resetchannels``) unless the role publishes or subscribes;
+    then exactly the queues' channels (``&emq:*``) are allowed."""
+    assert "resetchannels" in rule and "allchannels" not in rule
+    granted = [word for word in rule if word.startswith("&")]
+    assert granted == (["&emq:*"] if used & PUBSUB else []), (granted, sorted(used & PUBSUB))
+    assert rule.index("resetchannels") < min((rule.index(w) for w in granted), default=99)
+
+
 def without(rule: list[str], command: str) -> list[str]:
     return [word for word in rule if word != f"+{command}"]
 
@@ -108,7 +120,7 @@ class Monitor:
 
 def observe(server: LocalRedis, role: str, workload: Callable[[str], None]) -> set[str]:
     """The commands ``workload`` sends as ``role`` with every command allowed."""
-    url = set_user(server, role, ["~emq:*", "resetchannels", "+@all"])
+    url = set_user(server, role, ["~emq:*", "&emq:*", "+@all"])
     monitor = Monitor(server)
     workload(url)
     return monitor.stop()
@@ -125,8 +137,12 @@ def producer_workload(floor: Floor) -> Callable[[str], None]:
         assert q.add("send", {"n": 1}, job_id=job_id) == job_id  # idempotent re-admit
         q.add("send", {"n": 2}, delay=3600)
         q.add_many([("send", {"n": 3}), ("send", {"n": 4}, {"delay": 60})])
+        # an expiring job, and jobs waiting for others in more than one call: MULTI/EXEC
+        q.add("send", {"n": 5}, expires=3600)
+        first = q.add("send", {"n": 6})
+        q.add_many([("send", {"i": i}, {"after": [first]}) for i in range(600)])
         assert q.get(job_id) is not None and q.get("missing") is None
-        assert q.counts()["scheduled"] == 2 and q.stats()["waiting"] == 2
+        assert q.counts()["scheduled"] == 2 and q.stats()["waiting"] == 4
         # a queue whose supervisor runs "sync": deferred jobs are written through
         synced = echomq.Queue("acl-producer-sync", redis_url=url, floor=floor)
         synced.add("send", {}, delay=60)
@@ -148,7 +164,8 @@ def producer_results(server: LocalRedis) -> None:
 
 def operator_queue(server: LocalRedis) -> None:
     """A queue as an operator finds it, made with the server's default user: waiting jobs
-    in two lanes, a scheduled one, one spilled to the floor (its stub), two dead ones."""
+    in two lanes, a scheduled one, one spilled to the floor (its stub), two dead ones, one
+    running (claimed, its lease held)."""
     client = admin(server)
     q = echomq.Queue("acl-operator", redis=client, max_stalls=0)
     for lane in ("a", "b"):
@@ -167,11 +184,18 @@ def operator_queue(server: LocalRedis) -> None:
     scripts.release(client, Keys("acl-operator"), held, "stall")
     scripts.release(client, Keys("acl-operator"),
                     [(c.id, c.token) for c in claimed if c.id not in dead], "unstarted")
+    busy = q.add("x", {}, lane="d")
+    for _ in range(10):  # the ring turns lane by lane: the other lanes' jobs go back
+        [c] = lanes.claim(1)
+        if c.id == busy:
+            break
+        scripts.release(client, Keys("acl-operator"), [(c.id, c.token)], "unstarted")
+    assert q.get(busy).state == "active"  # type: ignore[union-attr]
 
 
 def operator_workload(url: str) -> None:
-    """Inspection and repair from Python, every `echomq` command, and the dashboard's page
-    and actions."""
+    """Inspection and repair from Python, every `echomq` command (a running job cancelled,
+    the events read), and the dashboard's page, live stream and actions."""
     q = echomq.Queue("acl-operator", redis_url=url)
     q.ping()
     assert q.counts()["dead"] == 2 and q.stats()["dead"] == 2
@@ -191,6 +215,9 @@ def operator_workload(url: str) -> None:
         cli("jobs", name, "--state", state, "--limit", "5")
     cli("show", name, waiting[0])
     cli("cancel", name, waiting[0])
+    (running,) = [j.id for j in q.jobs("active", 10)]
+    cli("cancel", name, running)  # stop.lua publishes it on the stop channel
+    cli("events", name)
     cli("pause", name)
     cli("resume", name)
     cli("retry", name)
@@ -206,6 +233,13 @@ def operator_workload(url: str) -> None:
                    {"action": "cancel", "job": waiting[1]}):
         body = urlencode({**action, "queue": name}).encode()
         assert board.handle("POST", "/action", body, bearer)[0] == 303, action
+    live = board.stream(f"/events?queue={name}")  # from the newest event on
+    assert b"counts" in next(live)
+    live.close()
+    live = board.stream(f"/events?queue={name}", "0-0-0")  # a reconnect: from the start
+    next(live)
+    assert b"cancelled while running" in next(live)
+    live.close()
 
 
 @pytest.fixture
@@ -240,6 +274,7 @@ def test_producer_rule_is_exactly_what_a_producer_sends(server: LocalRedis, floo
     used = observe(server, "producer", producer_workload(floor))
     assert used == commands(rule), (sorted(used - commands(rule)),
                                     sorted(commands(rule) - used))
+    check_channels(rule, used)
     admin(server).flushall()
     admin(server).hset(Keys("acl-producer-sync").meta, "durability", "sync")
     producer_results(server)
@@ -254,6 +289,7 @@ def test_operator_rule_is_exactly_what_an_operator_sends(server: LocalRedis) -> 
     used = observe(server, "operator", operator_workload)
     assert used == commands(rule), (sorted(used - commands(rule)),
                                     sorted(commands(rule) - used))
+    check_channels(rule, used)
     admin(server).flushall()
     operator_queue(server)
     admin(server).acl_log_reset()
@@ -320,7 +356,7 @@ def test_supervisor_rule_is_exactly_what_a_supervisor_sends(
     rule = doc_rules()["supervisor"]
     observed = LocalRedis().start()
     try:
-        url = set_user(observed, "supervisor", ["~emq:*", "resetchannels", "+@all"])
+        url = set_user(observed, "supervisor", ["~emq:*", "&emq:*", "+@all"])
         monitor = Monitor(observed)
         supervisor_workload(observed, url, tmp_path / "a", run_supervisor, redis_url)
         used = monitor.stop()
@@ -331,6 +367,7 @@ def test_supervisor_rule_is_exactly_what_a_supervisor_sends(
     optional = {"client|unblock"}
     assert used - optional == commands(rule), (sorted(used - commands(rule)),
                                                sorted(commands(rule) - used))
+    check_channels(rule, used)
     exact = LocalRedis().start()
     try:
         sup = supervisor_workload(exact, set_user(exact, "supervisor", rule), tmp_path / "b",

@@ -23,8 +23,8 @@ bytes; :func:`script` and :func:`command` build common ones; ``on=`` narrows a c
 the connections a predicate on the :class:`Link` accepts. :meth:`Proxy.watch` counts
 commands without cutting; an ``observer`` (see :class:`Observer`) sees every command,
 every reply the server sent (those a cut dropped too) and every cut, with its
-connection; :meth:`Proxy.sever_all` cuts every connection at once. Use as a context
-manager, or call :meth:`Proxy.close`.
+connection (what it raises is kept in ``Proxy.errors``); :meth:`Proxy.sever_all` cuts
+every connection at once. Use as a context manager, or call :meth:`Proxy.close`.
 
     with Proxy(server_port) as proxy:
         cut = proxy.cut(script(scripts.CLAIM), when="after")
@@ -153,6 +153,7 @@ class Proxy:
         self.cuts: list[Cut] = []
         self.watches: list[Watch] = []
         self.socks: list[socket.socket] = []
+        self.errors: list[str] = []  # what the observer raised (see _observe)
         self.closed = False
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
 
@@ -266,13 +267,23 @@ class Proxy:
                     firing = firing or armed
         return firing
 
+    def _observe(self, what: str, *args: object) -> None:
+        """Call the observer's ``what``; what it raises is kept in :attr:`errors` (the
+        relaying goes on: a relaying thread that died would leave its client waiting for
+        a reply that never comes)."""
+        if self.observer is None:
+            return
+        try:
+            getattr(self.observer, what)(*args)
+        except Exception as exc:  # noqa: BLE001 - kept for the test to report
+            with self.lock:
+                self.errors.append(f"observer {what}: {type(exc).__name__}: {exc}")
+
     def _observe_cut(self, link: Link, armed: Cut) -> None:
-        if self.observer is not None:
-            self.observer.cut(link, armed)
+        self._observe("cut", link, armed)
 
     def _observe_reply(self, link: Link, cmd: Command, reply: bytes, dropped: bool) -> None:
-        if self.observer is not None:
-            self.observer.reply(link, cmd, reply, dropped)
+        self._observe("reply", link, cmd, reply, dropped)
 
     def _up(self, link: Link) -> None:
         buf = bytearray()
@@ -288,8 +299,7 @@ class Proxy:
             pos = 0
             while (parsed := parse_command(buf, pos)) is not None:
                 cmd, end = parsed
-                if self.observer is not None:
-                    self.observer.command(link, cmd)
+                self._observe("command", link, cmd)
                 armed = self._firing(cmd, link)
                 if armed is None:
                     pos = end

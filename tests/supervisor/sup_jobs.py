@@ -12,6 +12,7 @@ import time
 import redis
 
 _client: redis.Redis | None = None
+GATE_SLICE_S, GATE_SLICES = 3, 10  # a gate's BLPOPs: redis-py ends a read after 5 s
 _pid = 0
 
 
@@ -23,11 +24,18 @@ def _ledger() -> redis.Redis:
     return _client
 
 
+def _gate(queue: str, gate: object) -> str:
+    """The list a gated job waits on: the queue's, or (a string) one of its own."""
+    return f"ledger:{queue}:gate" + (f":{gate}" if isinstance(gate, str) else "")
+
+
 def record(job) -> str:  # type: ignore[no-untyped-def]
     """Payload options: sleep (s), exit (code, via os._exit), exit_first (the same on attempt
     1 only), stamp (push start time), gate (wait until the test pushes onto
-    ``ledger:<queue>:gate``, at most 30 s), pause_writes (ms: the server postpones every
-    write for that long, from the job's return on; the job records no "done")."""
+    ``ledger:<queue>:gate``, or ``ledger:<queue>:gate:<name>`` for a string, at most
+    30 s), pause_writes (ms: the server postpones every
+    write for that long, from the job's return on; the job records no "done"), deps (return
+    ``job.dependency_results()``)."""
     r = _ledger()
     p = job.payload if isinstance(job.payload, dict) else {}
     r.rpush(f"ledger:{job.queue}:started", f"{job.id}:{os.getpid()}:{job.attempts}")
@@ -41,12 +49,17 @@ def record(job) -> str:  # type: ignore[no-untyped-def]
     if "exit" in p:
         os._exit(int(p["exit"]))
     if p.get("gate"):
-        r.blpop([f"ledger:{job.queue}:gate"], 30)
+        # in slices under the client's 5 s read timeout, 30 s in all
+        for _ in range(GATE_SLICES):
+            if r.blpop([_gate(job.queue, p["gate"])], GATE_SLICE_S):
+                break
     if "exit_first" in p and job.attempts == 1:
         os._exit(int(p["exit_first"]))
     if p.get("sleep"):
         time.sleep(float(p["sleep"]))  # simulated work inside the job
     r.rpush(f"ledger:{job.queue}:done", job.id)
+    if p.get("deps"):
+        return job.dependency_results()  # a workflow's callback: what its members returned
     return "ok"
 
 
@@ -70,7 +83,10 @@ async def record_async(job) -> str:  # type: ignore[no-untyped-def]
     await r.rpush(f"ledger:{job.queue}:started",  # type: ignore[attr-defined]
                   f"{job.id}:{os.getpid()}:{job.attempts}")
     if p.get("gate"):
-        await r.blpop([f"ledger:{job.queue}:gate"], 30)  # type: ignore[attr-defined]
+        for _ in range(GATE_SLICES):
+            if await r.blpop([_gate(job.queue, p["gate"])],  # type: ignore[attr-defined]
+                             GATE_SLICE_S):
+                break
     if p.get("sleep"):
         await asyncio.sleep(float(p["sleep"]))
     if p.get("block"):

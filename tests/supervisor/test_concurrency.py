@@ -96,7 +96,7 @@ def test_sigterm_with_50_in_flight_finishes_them_and_exits_zero(
     r.rpush(f"ledger:{queue_name}:gate", *([1] * 50))
     assert sup.wait(20) == 0
     assert q.counts() == {"waiting": 10, "scheduled": 0, "active": 0, "completed": 50,
-                          "dead": 0, "cancelled": 0}
+                          "dead": 0, "cancelled": 0, "blocked": 0}
 
 
 def test_sigterm_past_the_drain_timeout_requeues_the_50_in_flight(

@@ -16,9 +16,14 @@ flight. A hundred slow clients hold half-open connections to the health port all
 along, while ``/livez`` is probed at random moments. The handler records every run's
 start and end in a SQLite ledger outside the server.
 
-``ECHOMQ_FAULT_SECONDS`` sets how long faults are injected (default 35: the whole
-run stays near 60-90 s in CI; 600 for the ten-minute run). ``ECHOMQ_FAULT_SEED``
-replays a run: the seed picks the jobs and the driver's faults and their timing.
+``ECHOMQ_FAULT_DIAL`` sets the queue's durability dial (``volatile``: no floor;
+``folded`` or ``durable``: a SQLite floor, and the driver also restarts the server
+without persistence, its data lost, so the floor's rehydration is judged too: under
+``folded`` a job with no floor row at the loss may be lost, under ``durable`` none);
+unset, the seed picks it. ``ECHOMQ_FAULT_SECONDS`` sets how long faults are injected
+(default 35: the whole run stays near 60-90 s in CI; 600 for the ten-minute run).
+``ECHOMQ_FAULT_SEED`` replays a run: the seed picks the jobs, the dial (unless given)
+and the driver's faults and their timing.
 """
 
 from __future__ import annotations
@@ -49,12 +54,16 @@ from echomq.supervisor.drills.localredis import LocalRedis, server_binary
 
 from echomq import scripts
 from echomq.errors import EchoMQError
+from echomq.floor import Floor
 from echomq.queue import Queue
 
 from .proxy import Command, Cut, Link, Proxy, script
 
 FAULT_S = float(os.environ.get("ECHOMQ_FAULT_SECONDS", "35"))
 SEED = int(os.environ.get("ECHOMQ_FAULT_SEED") or random.randrange(1 << 30))
+DIALS = ("volatile", "folded", "durable")
+# drawn from a generator of its own: the seed's plan and faults stay what they were
+DIAL = os.environ.get("ECHOMQ_FAULT_DIAL") or random.Random(SEED ^ 0x5EED).choice(DIALS)
 PROCESSES = 4
 LANES = 64
 # 60 jobs a second of faults for the first 35 s, 25 past them: every consumer's traffic
@@ -83,7 +92,12 @@ START_S = 30.0  # a consumer's start, a server's restart included
 ACTIONS = {  # the driver's faults and their weights
     "kill_child": 6, "cut_child": 6, "restart_supervisor": 1, "restart_server": 1,
     "kill_consumer": 2, "interrupt_consumer": 2,
+    **({"wipe_server": 1} if DIAL != "volatile" else {}),  # a floor brings the jobs back
 }
+REHYDRATE_S = 30.0  # bounds the wait for the scheduler's rehydration after a wipe
+# "completed less than a beat before the loss" (docs/durability.md): the beat plus the
+# floor's write on a loaded machine
+CLOSE_WINDOW_S = BEAT_MS / 1000 + 0.3
 # the whole run happens in the first test's setup: its bound grows with the fault window
 pytestmark = pytest.mark.timeout(int(120 + 1.5 * FAULT_S + 2 * SETTLE_S))
 
@@ -94,12 +108,23 @@ class Planned:
     kind: str
     lane: str
     payload: dict[str, Any]
+    after: tuple[str, ...] = ()  # a chord's callback: the jobs it waits for
+
+
+CHORD_EVERY = 20  # every 20th job is a chord's callback waiting for the jobs before it
+MUST_END = ("failing", "exit_always")  # members a callback does not wait for: they die
 
 
 def make_plan(rng: random.Random, queue: str) -> list[Planned]:
     kinds, weights = zip(*MIX, strict=True)
-    plan = []
+    plan: list[Planned] = []
     for i in range(JOBS):
+        if i % CHORD_EVERY == CHORD_EVERY - 1:
+            members = tuple(p.id for p in plan[-(CHORD_EVERY - 1):] if p.kind not in MUST_END
+                            and not p.after)
+            plan.append(Planned(f"{queue}-{i:06d}", "callback", f"lane-{rng.randrange(LANES)}",
+                                {"trace": True, "work_ms": 1.0}, members))
+            continue
         kind = rng.choices(kinds, weights)[0]
         payload: dict[str, Any] = {"trace": True, "work_ms": rng.uniform(0.5, 4)}
         if kind == "slow":
@@ -115,28 +140,35 @@ def make_plan(rng: random.Random, queue: str) -> list[Planned]:
 
 
 class Producer(threading.Thread):
-    """Admits the plan in paced batches; a batch that meets a restarting server is retried
-    (admit is idempotent per job id)."""
+    """Admits the plan in paced batches, a chord whole in one call; a batch that meets a
+    restarting server is retried (admit is idempotent per job id)."""
 
-    def __init__(self, url: str, queue: str, plan: list[Planned], over_s: float) -> None:
+    def __init__(self, url: str, queue: str, plan: list[Planned], over_s: float,
+                 floor: Floor | None = None) -> None:
         super().__init__(name="fault-producer", daemon=True)
         self.queue = Queue(queue, redis_url=url, max_attempts=MAX_ATTEMPTS,
-                           max_stalls=MAX_STALLS)
+                           max_stalls=MAX_STALLS, floor=floor,
+                           durability="durable" if DIAL == "durable" else None)
         self.plan, self.over_s = plan, over_s
         self.halt = threading.Event()
         self.admitted: set[str] = set()
+        self.admitted_at: dict[str, float] = {}  # when each job's admit returned
         self.retries = 0
 
     def run(self) -> None:
         batches = 50
         size = max(1, -(-len(self.plan) // batches))
+        # a callback names the jobs before it: a chord in two calls would let a loss
+        # between them take the members and refuse the callback (UnknownDependency)
+        size = -(-size // CHORD_EVERY) * CHORD_EVERY
         start = time.monotonic()
         for n, i in enumerate(range(0, len(self.plan), size)):
             # pacing, not polling: the wait ends at this batch's slot or on halt
             if self.halt.wait(max(0.0, start + n * self.over_s / batches - time.monotonic())):
                 return
             batch = self.plan[i:i + size]
-            jobs = [("fault", p.payload, {"job_id": p.id, "lane": p.lane, "backoff": BACKOFF_S})
+            jobs = [("fault", p.payload, {"job_id": p.id, "lane": p.lane, "backoff": BACKOFF_S,
+                                          **({"after": list(p.after)} if p.after else {})})
                     for p in batch]
             while not self.halt.is_set():
                 try:
@@ -145,9 +177,21 @@ class Producer(threading.Thread):
                     self.retries += 1
                     self.halt.wait(CHECK_S)  # no event says the server is back: try again
                     continue
+                now = time.time()
                 self.admitted.update(p.id for p in batch)
+                self.admitted_at.update((p.id, now) for p in batch)
                 break
         self.queue.close()
+
+
+@dataclass
+class Wipe:
+    """One restart of the server without persistence."""
+
+    kill_at: float
+    open_rows: set[str]  # jobs whose floor row was open just before the kill
+    restarted_at: float = 0.0  # the empty server accepts connections
+    rehydrated_at: float = float("inf")  # the scheduler logged its rehydration
 
 
 @dataclass
@@ -176,9 +220,47 @@ class Run:
     probes: list[float] = field(default_factory=list)  # /livez seconds (inf: no answer)
     probe_errors: list[str] = field(default_factory=list)
     slow_held: list[int] = field(default_factory=list)  # slow connections open at each probe
+    observer_errors: list[str] = field(default_factory=list)  # what the proxies' observers raised
+    dial: str = DIAL
+    wipes: list[Wipe] = field(default_factory=list)
+    admitted_at: dict[str, float] = field(default_factory=dict)
+    # when a settle that scheduled each job's retry ran (its reply, relayed or lost, as the
+    # proxies saw it): the job entered the schedule set then, the fold's beat starts there
+    retried_at: dict[str, list[float]] = field(default_factory=dict)
 
     def where(self) -> str:
-        return f"(replay: ECHOMQ_FAULT_SEED={self.seed}; logs and ledger in {self.workdir})"
+        return (f"(replay: ECHOMQ_FAULT_SEED={self.seed} ECHOMQ_FAULT_DIAL={self.dial}; logs "
+                f"and ledger in {self.workdir})")
+
+    def excused(self, strict: bool = True) -> set[str]:
+        """Jobs a wipe may take as the dial allows: under ``folded``, those admitted before
+        a wipe whose floor row was not open just before it, and (``strict``, judged from
+        the ledger) that were immediate and never failed before it, or became blocked (a
+        callback's admit) or retried (a failure) less than a beat before it; under
+        ``durable``, none. A retry entered the schedule set when the settle that
+        scheduled it ran (as the proxies saw it), not when its handler failed: a batch's
+        outcomes may reach the server later than that. One that entered while the fold
+        lease was gone with Valkey's data (after a wipe, until the scheduler's return) is
+        folded as the scheduler's sweep reaches it, not within a beat: the lapse window of
+        docs/durability.md."""
+        if self.dial != "folded":
+            return set()
+        out = set()
+        for j, at in self.admitted_at.items():
+            for w in self.wipes:
+                if at >= w.restarted_at or j in w.open_rows:
+                    continue
+                entered = [at] if self.plan[j].after else self.retried_at.get(j, [])
+                if strict and any(t < w.kill_at - CLOSE_WINDOW_S and not self.lapsed(t)
+                                  for t in entered):
+                    continue  # on the floor by then: the dial covers it
+                out.add(j)
+                break
+        return out
+
+    def lapsed(self, at: float) -> bool:
+        """True when ``at`` fell between a wipe and the scheduler's rehydration after it."""
+        return any(w.kill_at <= at < w.rehydrated_at for w in self.wipes)
 
 
 def _resp(buf: bytes, pos: int = 0) -> tuple[Any, int]:
@@ -204,9 +286,10 @@ def _resp(buf: bytes, pos: int = 0) -> tuple[Any, int]:
     return head, pos
 
 
-def _args(cmd: Command, keys: int) -> list[bytes]:
-    """ARGV of a script call (EVALSHA/EVAL sha-or-source numkeys keys... args...)."""
-    return cmd[3 + keys:]
+def _args(cmd: Command) -> list[bytes]:
+    """ARGV of a script call (EVALSHA/EVAL sha-or-source numkeys keys... args...), past
+    the number of keys the call itself gives (a script that gains a key moves its ARGV)."""
+    return cmd[3 + int(cmd[2]):]
 
 
 class Holdings:
@@ -249,6 +332,20 @@ class Holdings:
                 job, token, attempts = reply[i], reply[i + 1], reply[i + 5]
                 self.owner[job.decode()] = (holder, token, int(attempts))
 
+    def retried(self, jobs: list[bytes], reply: bytes) -> None:
+        """Note when a settle's reply said it scheduled a job's retry (code 2)."""
+        try:
+            codes, _ = _resp(reply)
+        except ValueError:
+            return
+        if not isinstance(codes, list):
+            return
+        now = time.time()
+        with self.lock:
+            for job, code in zip(jobs, codes, strict=False):
+                if code == 2:
+                    self.run.retried_at.setdefault(job.decode(), []).append(now)
+
     def ended(self, pairs: list[tuple[bytes, bytes]]) -> None:
         with self.lock:
             for job, token in pairs:
@@ -269,8 +366,8 @@ class Observed:
         if link.tag is None:
             if self.tag is not None:
                 link.tag = self.tag
-            elif self.h.claim(cmd) and len(cmd) > 19 and cmd[19]:
-                link.tag = cmd[19].decode()
+            elif self.h.claim(cmd) and len(argv := _args(cmd)) > 4 and argv[4]:
+                link.tag = argv[4].decode()  # ARGV[5]: the claimer
         if link.tag is not None and self.h.claim(cmd):
             with self.h.claimed_cond:
                 self.h.claims[link.tag] += 1
@@ -292,11 +389,12 @@ class Observed:
                         (parsed[i].decode(), int(parsed[i + 5]))
                         for i in range(0, len(parsed) - 11, 12))
         elif self.h.settle(cmd):
-            argv = _args(cmd, 14)
+            argv = _args(cmd)
             n = int(argv[3])
             self.h.ended([(argv[4 + 5 * k], argv[5 + 5 * k]) for k in range(n)])
+            self.h.retried([argv[4 + 5 * k] for k in range(n)], reply)
         elif self.h.release(cmd):
-            pairs = _args(cmd, 12)[3:]
+            pairs = _args(cmd)[3:]
             self.h.ended(list(zip(pairs[0::2], pairs[1::2], strict=False)))
 
     def cut(self, link: Link, armed: Cut) -> None:
@@ -455,8 +553,10 @@ class Driver:
 
     def __init__(self, rng: random.Random, server: LocalRedis, run: Run,
                  start_supervisor: Any, proxy: Proxy, holdings: Holdings,
-                 consumer: ConsumerProc, health_port: int, slow: SlowClients) -> None:
+                 consumer: ConsumerProc, health_port: int, slow: SlowClients,
+                 queue: str = "", floor: Floor | None = None) -> None:
         self.rng, self.server, self.run = rng, server, run
+        self.queue, self.floor = queue, floor
         self.start_supervisor = start_supervisor
         self.proxy, self.holdings, self.consumer = proxy, holdings, consumer
         self.health_port, self.slow = health_port, slow
@@ -516,6 +616,24 @@ class Driver:
         threading.Event().wait(self.rng.uniform(0.2, 2.5))  # the outage's length
         self.server.start()
 
+    def wipe_server(self) -> None:
+        """Restart the server without persistence (its data lost), after noting which jobs
+        the floor holds; return once the scheduler rehydrated the queue from it."""
+        assert self.floor is not None
+        open_rows = {r.job_id for r in self.floor.rows(self.queue, self.run.plan)}
+        wipe = Wipe(kill_at=time.time(), open_rows=open_rows)
+        self.run.wipes.append(wipe)
+        before = self.current.events["rehydrate"]
+        self.server.kill()
+        threading.Event().wait(self.rng.uniform(0.2, 2.5))  # the outage's length
+        self.server.restart_empty()
+        wipe.restarted_at = time.time()
+        if self.current.wait_event("rehydrate", before, REHYDRATE_S):
+            wipe.rehydrated_at = time.time()
+        else:
+            self.run.unasked.append(f"no rehydration within {REHYDRATE_S}s of a wipe; log "
+                                    f"{self.current.log_path}")
+
     def cut_child(self) -> None:
         """Arm a cut of one consumer process's connection at its nth command from now
         (any command of a connection that has claimed for a supervisor's child), before
@@ -551,13 +669,19 @@ class Driver:
         self.consumer.stop(self.run)
 
 
-def _finished(run: Run, ledger: Ledger, q: Queue) -> bool:
+def _finished(run: Run, ledger: Ledger, q: Queue, admitted_at: dict[str, float]) -> bool:
     done = ledger.done_ids()
     dead = {j.id for j in q.dead(limit=len(run.plan) + 1)}
-    if not run.admitted <= done | dead:
-        return False
+    run.admitted_at = admitted_at
+    ended = done | dead | run.excused(strict=False)
+    if not run.admitted <= ended:
+        if not run.wipes:
+            return False
+        run.ledger = ledger.rows()  # dead records a wipe took: judged from the ledger
+        if not run.admitted <= ended | _dead_with_a_wipe(run):
+            return False
     c = q.counts()
-    return c["waiting"] == c["scheduled"] == c["active"] == 0
+    return c["waiting"] == c["scheduled"] == c["active"] == c["blocked"] == 0
 
 
 @pytest.fixture(scope="module")
@@ -567,8 +691,8 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
             pytest.fail("the fault test needs a redis-server/valkey-server binary")
         pytest.skip("the fault test needs a redis-server/valkey-server binary")
     rng = random.Random(SEED)
-    print(f"\nrandomized fault test: ECHOMQ_FAULT_SEED={SEED} ECHOMQ_FAULT_SECONDS={FAULT_S}",
-          file=sys.stderr)
+    print(f"\nrandomized fault test: ECHOMQ_FAULT_SEED={SEED} ECHOMQ_FAULT_SECONDS={FAULT_S} "
+          f"ECHOMQ_FAULT_DIAL={DIAL}", file=sys.stderr)
     workdir = Path(tempfile.mkdtemp(prefix="echomq-fault-"))
     result = Run(seed=SEED, workdir=workdir)
     queue = f"fault-{rng.randrange(1 << 32):08x}"
@@ -582,6 +706,14 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
     env[LEDGER_ENV] = str(workdir / "ledger.db")
     env[NOTIFY_ENV] = str(workdir / "notify.sock")
+    floor_args: list[str] = []
+    floor: Floor | None = None
+    if DIAL != "volatile":
+        floor_url = f"sqlite:///{workdir / 'floor.db'}"
+        subprocess.run([*CLI, "migrate", "--floor-url", floor_url], env=env, check=True,
+                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+        floor_args = ["--floor-url", floor_url, "--durability", DIAL]
+        floor = Floor.from_url(floor_url)
     started: list[SupervisorProc] = []
     holdings = Holdings(result)
     # the supervisor and its children reach the server through one proxy (cuts fire only
@@ -596,29 +728,31 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
         cmd = [*CLI, "start", "--redis-url", proxy.url, "--queue", queue, "--handler", HANDLER,
                "--processes", str(PROCESSES), "--beat-ms", str(BEAT_MS), "--lease-ms",
                str(LEASE_MS), "--drain-timeout", str(DRAIN_S), "--log-json",
-               "--health-port", str(health_port), "--health-host", "127.0.0.1"]
+               "--health-port", str(health_port), "--health-host", "127.0.0.1", *floor_args]
         sup = SupervisorProc(n, cmd, env, workdir / f"supervisor-{n}.log")
         started.append(sup)
         if not sup.wait_started():
             result.unasked.append(f"supervisor {n} did not start; log {sup.log_path}")
         return sup
 
-    producer = Producer(server.url, queue, plan, FAULT_S * PRODUCE_SHARE)
+    producer = Producer(server.url, queue, plan, FAULT_S * PRODUCE_SHARE,
+                        floor if DIAL == "durable" else None)
     probe = Queue(queue, redis_url=server.url)
     slow = SlowClients(health_port, SLOW_CLIENTS)
     consumer = ConsumerProc(queue, consumer_proxy.url, env, workdir, holdings)
     try:
         slow.start()
         driver = Driver(rng, server, result, start_supervisor, proxy, holdings, consumer,
-                        health_port, slow)
+                        health_port, slow, queue, floor)
         producer.start()
         driver.drive(FAULT_S)
         producer.join(timeout=SETTLE_S)
         result.admitted = set(producer.admitted)
+        result.admitted_at = dict(producer.admitted_at)
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline:
             try:
-                if _finished(result, ledger, probe):
+                if _finished(result, ledger, probe, dict(producer.admitted_at)):
                     result.settled = True
                     break
             except (EchoMQError, OSError):
@@ -630,6 +764,7 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
         result.dead = {j.id: j.error or "" for j in probe.dead(limit=len(plan) + 1)}
         result.counts = probe.counts()
         result.producer_retries = producer.retries
+        result.observer_errors = proxy.errors + consumer_proxy.errors
         yield result
     finally:
         producer.halt.set()
@@ -645,6 +780,8 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
         proxy.close()
         consumer_proxy.close()
         server.stop()
+        if floor is not None:
+            floor.dispose()
     print(f"\n{figures(result)}", file=sys.stderr)
     if request.session.testsfailed == 0:  # kept for the replay when anything failed
         shutil.rmtree(workdir, ignore_errors=True)
@@ -682,12 +819,32 @@ def _ok_runs(run: Run) -> dict[str, list[tuple[int, int]]]:
     return ok
 
 
+def _in_a_wipe_window(run: Run) -> set[tuple[str, int, int]]:
+    """(job, attempt, pid) of successful runs a wipe may repeat: begun before the
+    rehydration ended and done less than a beat before the loss or after it (their floor
+    rows were still open; docs/durability.md, "the close window")."""
+    began: dict[tuple[str, int, int], float] = {}
+    out = set()
+    for job_id, attempt, pid, kind, at in run.ledger:
+        if kind == "start":
+            began.setdefault((job_id, attempt, pid), at)
+        elif kind == "ok":
+            start = began.get((job_id, attempt, pid), at)
+            if any(start < w.rehydrated_at and at > w.kill_at - CLOSE_WINDOW_S
+                   for w in run.wipes):
+                out.add((job_id, attempt, pid))
+    return out
+
+
 def _unexplained_duplicates(run: Run) -> dict[str, list[tuple[int, int]]]:
     """Jobs completed more than once where an earlier completion's run was neither by a
-    consumer that died mid-job nor held by a consumer at a cut of its connection."""
+    consumer that died mid-job, nor held by a consumer at a cut of its connection, nor in
+    a wipe's window."""
     died = _died_mid_job(run)
+    wiped = _in_a_wipe_window(run)
     return {j: runs for j, runs in _ok_runs(run).items()
             if len(runs) > 1 and any(pid not in died and (j, attempt) not in run.in_flight_cut
+                                     and (j, attempt, pid) not in wiped
                                      for attempt, pid in runs[:-1])}
 
 
@@ -703,10 +860,15 @@ def figures(run: Run) -> str:
     cut = sum(1 for j in dups if any((j, a) in run.in_flight_cut for a, _ in ok[j][:-1]))
     cut_alone = sum(1 for j in dups if any((j, a) in run.in_flight_cut and pid not in died
                                            for a, pid in ok[j][:-1]))
-    lost = len(run.admitted - set(ok) - set(run.dead))
+    excused = run.excused()
+    lost = len(run.admitted - set(ok) - set(run.dead) - excused - _dead_with_a_wipe(run))
+    taken = len(run.admitted - set(ok) - set(run.dead)) - lost
+    wiped = sum(1 for j in dups if any((j, a, p) in _in_a_wipe_window(run) for a, p in ok[j][:-1]))
     exits = Counter(f"{cause}:{code}" for cause, code, _ in run.consumer_exits)
     unexplained = len(_unexplained_duplicates(run))
-    return (f"fault run seed={run.seed}: {dict(run.actions)}, consumers killed "
+    return (f"fault run seed={run.seed} dial={run.dial}: {dict(run.actions)}, wipes "
+            f"{len(run.wipes)} (taken by them as the dial allows {taken}, duplicates in "
+            f"their window {wiped}), consumers killed "
             f"{len(run.killed)}, cuts fired {dict(run.cuts)} (jobs in flight at a cut "
             f"{len(run.in_flight_cut)}), standalone consumer exits {dict(exits)}, jobs "
             f"{len(run.plan)} admitted {len(run.admitted)}, completed {len(set(ok))}, dead "
@@ -743,6 +905,38 @@ def _killed_before_the_ledger(run: Run) -> Counter[str]:
     return unseen
 
 
+def _story(run: Run, job_id: str) -> str:
+    """One job's history against the wipes, for a failure's message."""
+    rows = [(kind, round(at, 3)) for j, _, _, kind, at in run.ledger if j == job_id]
+    wipes = [(round(w.kill_at, 3), job_id in w.open_rows) for w in run.wipes]
+    return (f"{job_id} {run.plan[job_id].kind}: admitted "
+            f"{round(run.admitted_at.get(job_id, 0.0), 3)}, ledger {rows}, retries "
+            f"scheduled {[round(t, 3) for t in run.retried_at.get(job_id, ())]}, wipes "
+            f"(kill, row open) {wipes}")
+
+
+def _dead_with_a_wipe(run: Run) -> set[str]:
+    """Jobs that ran out of attempts or stalls (or a callback whose member did) while a wipe
+    was still to come: their dead records may have gone with Valkey's data."""
+    if not run.wipes:
+        return set()
+    last = max(w.kill_at for w in run.wipes)
+    runs, unseen = _runs(run), _killed_before_the_ledger(run)
+    ends: dict[str, float] = {}
+    for job_id, _, _, _, at in run.ledger:
+        ends[job_id] = max(ends.get(job_id, 0.0), at)
+    out = set()
+    for job_id in run.plan:
+        mine = runs.get(job_id, {})
+        unfinished = sum(1 for kinds in mine.values() if kinds == {"start"}) + unseen[job_id]
+        fails = sum(1 for kinds in mine.values() if "fail" in kinds)
+        attempts = len(mine) + unseen[job_id]  # a run a kill cut short counts as one
+        if (fails and attempts >= MAX_ATTEMPTS or unfinished >= MAX_STALLS + 1) \
+                and ends.get(job_id, 0.0) < last:
+            out.add(job_id)
+    return out | {p.id for p in run.plan.values() if set(p.after) & out}
+
+
 def _wrongly_dead(run: Run) -> dict[str, str]:
     """Dead jobs whose handler neither failed out nor stalled enough to be buried."""
     runs = _runs(run)
@@ -752,6 +946,9 @@ def _wrongly_dead(run: Run) -> dict[str, str]:
         plan = run.plan[job_id]
         if plan.kind == "failing":
             continue  # it fails on every attempt: dead is its due
+        if plan.after and any(error == f"dependency {m} dead" and m in run.dead
+                              for m in plan.after):
+            continue  # a callback whose member died: dead is its due
         mine = runs.get(job_id, {})
         unfinished = sum(1 for kinds in mine.values() if kinds == {"start"}) + unseen[job_id]
         fails = sum(1 for kinds in mine.values() if "fail" in kinds)
@@ -775,9 +972,10 @@ def test_the_run_drove_every_kind_of_fault(run: Run) -> None:
 
 def test_every_job_completed_or_dead(run: Run) -> None:
     ok = _ok_runs(run)
-    lost = sorted(run.admitted - set(ok) - set(run.dead))
+    lost = sorted(run.admitted - set(ok) - set(run.dead) - run.excused()
+                  - _dead_with_a_wipe(run))
     assert not lost, (f"{len(lost)} job(s) neither completed nor dead, e.g. "
-                      f"{[(j, run.plan[j].kind) for j in lost[:5]]}; {figures(run)} {run.where()}")
+                      f"{[_story(run, j) for j in lost[:5]]}; {figures(run)} {run.where()}")
     assert run.settled, figures(run) + run.where()
 
 
@@ -812,9 +1010,42 @@ def test_duplicates_only_for_jobs_in_flight_at_a_kill_or_a_cut(run: Run) -> None
                              f"{run.where()}")
 
 
+def test_chord_callbacks_run_after_their_members_and_never_twice_unexplained(
+        run: Run) -> None:
+    """Every callback completed after each of its members first completed, or died with a
+    member that died; it ran more than once only when a kill or a cut caught it."""
+    first: dict[str, float] = {}  # job -> when its first successful run recorded its end
+    for job_id, _attempt, _pid, kind, at in run.ledger:
+        if kind == "ok":
+            first[job_id] = min(first.get(job_id, at), at)
+    callbacks = [p for p in run.plan.values() if p.after]
+    assert callbacks, figures(run)
+    taken = run.excused()  # lost with Valkey as the dial allows: counted completed
+    early = [p.id for p in callbacks if p.id in first
+             and any(m not in taken and (m not in first or first[m] > first[p.id])
+                     for m in p.after)]
+    unfinished = [_story(run, m) for p in callbacks if p.id in early[:5]
+                  for m in p.after if m not in first]
+    assert not early, (f"callbacks ran before their members: {early[:5]}, members "
+                       f"{unfinished} {run.where()}")
+    gone = taken | _dead_with_a_wipe(run)
+    ended = [p.id for p in callbacks
+             if p.id not in first and p.id not in run.dead and p.id not in gone]
+    assert not ended, f"callbacks neither completed nor dead: {ended[:5]} {run.where()}"
+    assert not set(_unexplained_duplicates(run)) & {p.id for p in callbacks}, run.where()
+
+
+def test_the_proxies_read_every_command_and_reply(run: Run) -> None:
+    """The holdings the other tests judge are complete: no call or reply was misread."""
+    assert not run.observer_errors, f"{run.observer_errors[:5]} {run.where()}"
+
+
 def test_counts_agree_with_the_ledger(run: Run) -> None:
     completed = set(_ok_runs(run)) - set(run.dead)
     expected = {"waiting": 0, "scheduled": 0, "active": 0, "completed": len(completed),
-                "dead": len(run.dead), "cancelled": 0}
+                "dead": len(run.dead), "cancelled": 0, "blocked": 0}
+    if run.wipes:  # the records of jobs completed before a wipe went with the data
+        assert run.counts["completed"] <= len(completed), figures(run) + run.where()
+        expected["completed"] = run.counts["completed"]
     assert run.counts == expected, f"{run.counts} != {expected}; {figures(run)} {run.where()}"
 

@@ -57,12 +57,20 @@ def test_a_paused_postgres_backend_does_not_stop_the_supervisor(
     # Every backend serving the supervisor's floor stops answering: the kernel still
     # acknowledges its packets, so no TCP timeout fires, and the server-side statement
     # and lock timeouts cannot fire either. Only staying off the loop helps.
-    with pg_admin.connect() as conn:
-        pids = [row[0] for row in conn.exec_driver_sql(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s", (database,))]
+    def stop_new_backends() -> None:
+        """SIGSTOP every backend of the floor's database not stopped yet: a connection the
+        supervisor opens later must hang as well, as it would on a hung server."""
+        with pg_admin.connect() as conn:
+            found = [row[0] for row in conn.exec_driver_sql(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s", (database,))]
+        for pid in found:
+            if pid not in pids:
+                os.kill(pid, signal.SIGSTOP)
+                pids.append(pid)
+
+    pids: list[int] = []
+    stop_new_backends()
     assert pids, "the supervisor holds no floor connection"
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
     try:
         folded = _folded(base, queue_name)
         q.add("x", {}, delay=3600)  # the next fold waits on a stopped backend
@@ -74,6 +82,7 @@ def test_a_paused_postgres_backend_does_not_stop_the_supervisor(
             assert code == 200, body
             ids.append(q.add("x", {}))
             ids.append(q.add("x", {}, delay=0.2))  # promoted by the loop, not the floor
+            stop_new_backends()
             pause.wait(0.5)
         done = {x.decode() for x in r.lrange(f"ledger:{queue_name}:done", 0, -1)}
         wait_until(lambda: set(ids) <= {x.decode() for x in

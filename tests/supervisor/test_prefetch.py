@@ -59,7 +59,7 @@ def test_a_sigterm_drain_hands_buffered_jobs_back_unstarted_and_they_run_once(
     r.rpush(f"ledger:{queue_name}:gate", *([1] * 20))
     assert sup.wait(20) == 0
     assert q.counts() == {"waiting": 10, "scheduled": 0, "active": 0, "completed": 80,
-                          "dead": 0, "cancelled": 0}
+                          "dead": 0, "cancelled": 0, "blocked": 0}
     for job_id in set(ids) - running:  # handed back uncharged: no attempt, no stall
         job = q.get(job_id)
         assert job is not None and (job.state, job.attempts, job.stalls) == ("waiting", 0, 0)

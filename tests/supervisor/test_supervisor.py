@@ -41,7 +41,7 @@ def test_5000_jobs_across_50_lanes_complete_exactly_once(
     ran = _ran(r, queue_name)
     assert set(ran) == set(ids) and set(ran.values()) == {1}
     assert q.counts() == {"waiting": 0, "scheduled": 0, "active": 0, "completed": 5000,
-                          "dead": 0, "cancelled": 0}
+                          "dead": 0, "cancelled": 0, "blocked": 0}
 
 
 def test_sigkill_a_child_mid_job_requeues_and_respawns(

@@ -1,0 +1,1 @@
+"""Django management commands: ``echomq_supervisor`` and ``echomq``."""

@@ -1,0 +1,1 @@
+"""``manage.py echomq_supervisor`` and ``manage.py echomq``."""

@@ -1,0 +1,1 @@
+"""Django migrations of the echomq app: the transactional outbox table (``0001_outbox``)."""
