@@ -348,6 +348,7 @@ class Observation:
     backoffs: int = 0
     events: dict[str, int] = field(default_factory=dict)
     floor_open: int | None = None
+    open_at_loss: set[str] | None = None  # the queue's floor rows as Valkey lost its data
     producer_errors: int = 0
     notes: list[str] = field(default_factory=list)
     workdir: str = ""
@@ -539,6 +540,19 @@ class Harness:
             return int(self._floor.count(self.queue))
         except FloorError:
             return None
+
+    def floor_ids(self) -> set[str]:
+        """The ids of this run's queue's floor rows, read in one pass (pages of 1,000)."""
+        from echomq.floor import Floor
+
+        if self._floor is None:
+            self._floor = Floor.from_url(self.floor_url)
+        ids: set[str] = set()
+        after = None
+        while rows := self._floor.open_rows(self.queue, after, 1000):
+            ids.update(r.job_id for r in rows)
+            after = rows[-1].job_id
+        return ids
 
     def _check_alive(self) -> None:
         for sup in self.supervisors:

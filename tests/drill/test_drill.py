@@ -157,6 +157,26 @@ def test_duplicates_fail_a_rolling_restart_but_not_a_valkey_stall() -> None:
         assert report["ok"] is ok, report["failures"]
 
 
+def test_a_run_again_is_explained_by_its_row_open_at_the_loss_within_a_bounded_lag() -> None:
+    """A job run twice whose first run ended outside the one-beat window is explained only
+    by its floor row still open at the loss, and only within the close lag's bound."""
+    from echomq.supervisor.drills.scenarios import CLOSE_LAG_S, FOLD_WINDOW_S
+
+    def report(first_end: float, open_at_loss: set[str]) -> dict[str, Any]:
+        obs = _facts("workflow-restart-durable", JobPlan("j-x", "lane-2", None, False), 99.0)
+        obs.ledger += [("j-x", 1, 12, "ok", first_end), ("j-x", 1, 13, "ok", 101.0)]
+        obs.open_at_loss = open_at_loss
+        return assess(SCENARIOS["workflow-restart-durable"], obs)
+
+    late = 100.5 - FOLD_WINDOW_S - 0.05  # just outside the one-beat window
+    assert not report(late, set())["ok"]
+    explained = report(late, {"j-x"})
+    assert explained["ok"], explained["failures"]
+    assert any("closed later than a beat" in n for n in explained["notes"])
+    never_closed = report(100.5 - CLOSE_LAG_S - 0.05, {"j-x"})
+    assert not never_closed["ok"] and "outside the loss's window" in never_closed["failures"][0]
+
+
 # --- the handler ---------------------------------------------------------------------------
 
 
