@@ -37,7 +37,8 @@ def current_traceparent() -> str:
 def producer_span(queue: str, operation: str, count: int = 1) -> Iterator[Any]:
     """Run an admit in a PRODUCER span (yields it, or None without OpenTelemetry); set
     ``messaging.message.id`` on it once the id is known (:func:`note_message_id`)."""
-    if _trace is None:
+    tracer = _trace.get_tracer("echomq") if _trace is not None else None
+    if tracer is None or _no_provider(tracer):  # a span nobody records: skip its cost
         yield None
         return
     attributes: dict[str, Any] = {
@@ -45,10 +46,17 @@ def producer_span(queue: str, operation: str, count: int = 1) -> Iterator[Any]:
         "messaging.operation.type": "send", "messaging.operation.name": operation}
     if count != 1:
         attributes["messaging.batch.message_count"] = count
-    tracer = _trace.get_tracer("echomq")
     with tracer.start_as_current_span(f"send {queue}", kind=_trace.SpanKind.PRODUCER,
                                       attributes=attributes) as span:
         yield span
+
+
+def _no_provider(tracer: Any) -> bool:
+    """True when no tracer provider is set: the API's proxy would make a span that records
+    nothing and carries no context (an outer span's context still travels in the job)."""
+    return isinstance(tracer, _trace.NoOpTracer) or (
+        isinstance(tracer, _trace.ProxyTracer)
+        and isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider))
 
 
 def note_message_id(span: Any, job_id: str) -> None:

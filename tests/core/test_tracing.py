@@ -116,6 +116,24 @@ def test_without_a_tracer_provider_jobs_carry_no_trace(
     assert r.hget(q.keys.job(jid), "trace") is None
 
 
+def test_without_a_tracer_provider_an_outer_context_still_travels_in_the_job(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    """No provider set (the add makes no span), but a context the application extracted
+    (a request's traceparent) is carried by the job, as a consumer's link needs."""
+    from opentelemetry import context as otel_context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    incoming = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    ctx = TraceContextTextMapPropagator().extract({"traceparent": incoming})
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    token = otel_context.attach(ctx)
+    try:
+        jid = q.add("send", {})
+    finally:
+        otel_context.detach(token)
+    assert r.hget(q.keys.job(jid), "trace") == incoming.encode()
+
+
 def test_a_workflow_is_one_producer_span_every_job_carries(
         redis_url: str, queue_name: str, r: redis.Redis, spans: InMemorySpanExporter) -> None:
     @echomq.task(queue=queue_name, name=f"{queue_name}.one", redis_url=redis_url)
