@@ -11,6 +11,7 @@ the hand-back itself is :mod:`release`'s, the pokes :mod:`doorbells`'.
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import os
 import selectors
@@ -109,13 +110,23 @@ def fork_child(queue: str, slot: int, redis_url: str, settings: QueueSettings,
     parent_end, child_end = socket.socketpair()
     holdings = Holdings(max_held(settings.concurrency, settings.claim_batch))
     claimer = os.urandom(8).hex()
-    pid = os.fork()
+    # what the parent holds at the fork, its garbage included, is never collected in the
+    # child: a destructor there (a redis-py PubSub or client handing its connection back
+    # to a pool) would take the pool's lock, copied as held when a supervisor thread held
+    # it, and wait for good before the child said READY
+    gc.freeze()
+    try:
+        pid = os.fork()
+    except BaseException:
+        gc.unfreeze()
+        raise
     if pid == 0:  # the child
         sever(parent_end)
         for callback in forget:
             callback()
         run_child(child_end, queue, redis_url, settings, handler, max_jobs, floor_url,
                   holdings, claimer, middleware)
+    gc.unfreeze()
     child_end.close()
     parent_end.setblocking(False)
     return Child(queue=queue, slot=slot, pid=pid, sock=parent_end,

@@ -229,8 +229,10 @@ class Stops:
 
     def forget_in_child(self) -> None:
         """In a forked child: drop the subscription's socket without closing it for the
-        parent."""
+        parent, and its connection, so the PubSub's destructor hands nothing back to a
+        pool whose lock the fork may have copied as held."""
         if self.pubsub is not None and self.pubsub.connection is not None:
             sever(getattr(self.pubsub.connection, "_sock", None))
             self.pubsub.connection._sock = None
+            self.pubsub.connection = None
             self.pubsub = None

@@ -71,7 +71,14 @@ def test_one_supervisor_serves_thirty_queues_on_every_node(
     queues = [echomq.Queue(n, redis=rc) for n in names]
     # results: a waiter parks on the owning node until the retried job settles
     for q in queues:
-        assert q.result(retried_ids[q.name], timeout=60) == "ok", q.name
+        try:
+            assert q.result(retried_ids[q.name], timeout=60) == "ok", q.name
+        except TimeoutError:  # what the job and the supervisor were doing, to tell why
+            job = rc.hgetall(q.keys.job(retried_ids[q.name]))
+            told = [line for line in sup.lines if q.name in line or "WARNING" in line
+                    or "ERROR" in line]
+            raise AssertionError(f"{q.name}: {job} {q.counts()}\n" + "\n".join(told[-60:])
+                                 ) from None
     wait_until(lambda: all(q.counts()["completed"] == 7 for q in queues), 90,
                "every job of every queue to complete")
     # pause, cancel, resume on every queue: a job cancelled while paused never runs,
