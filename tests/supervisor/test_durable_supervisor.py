@@ -16,6 +16,7 @@ from echomq.supervisor.drills.localredis import LocalRedis
 
 import echomq
 from echomq import scripts
+from echomq.errors import ConnectionFailed
 from echomq.floor import Floor
 
 from .conftest import Supervisor, wait_until
@@ -106,6 +107,34 @@ def test_a_chord_whose_member_a_dead_consumer_claimed_late_survives_a_wipe(
                                                   ledger.lrange(done_key, 0, -1)},
                    30, "the chord's jobs to run")
     q.floor.dispose()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_an_add_many_cut_at_its_durable_mark_and_sent_again_leaves_every_row_open(
+        private_redis: LocalRedis, queue_name: str, floor_url: str, when: str) -> None:
+    # the producer's connection fails between the admit and the floor write: before the
+    # mark reaches the server, or after it ran with its reply lost (as a restart of the
+    # server meets it). add_many raises; sent again with the same job ids (as a producer
+    # retries), it admits nothing twice and every job, a chord's callback too, has its
+    # open row when it returns
+    with Proxy(private_redis.port) as proxy:
+        q = echomq.Queue(queue_name, redis_url=proxy.url, floor=floor_url,
+                         durability="durable")
+        jobs = [("j", {"i": i}, {"job_id": f"m{i}"}) for i in range(3)] + [
+            ("j", {}, {"job_id": "callback", "after": ["m0", "m1", "m2"]})]
+        # "after": the mark that ran (not a NOSCRIPT refusal, which reloads and calls again)
+        ran = (lambda reply: reply[:1] != b"-") if when == "after" else None
+        cut = proxy.cut(script(scripts.DURABLE_MARK), when=when, reply=ran)
+        with pytest.raises(ConnectionFailed):
+            q.add_many(jobs)
+        assert cut.fired.wait(10)
+        ids = q.add_many(jobs)
+        assert q.floor is not None
+        rows = {r.job_id: r.fields["state"] for r in q.floor.rows(queue_name, ids)}
+        assert rows == {"m0": "waiting", "m1": "waiting", "m2": "waiting",
+                        "callback": "blocked"}, rows
+        q.floor.dispose()
+        q.close()
 
 
 def test_outbox_rows_are_relayed_by_the_supervisor(private_redis: LocalRedis,
