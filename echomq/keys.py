@@ -104,6 +104,10 @@ class Keys:
         """A supervised consumer's record of the jobs its latest claims handed out."""
         return f"{self.prefix}claims:{claimer}"
 
+    def retired(self, claimer: str) -> str:
+        """The mark of a dead supervised consumer's claimer name: its claims lease nothing."""
+        return f"{self.prefix}retired:{claimer}"
+
     def done(self, job_id: str) -> str:
         """The result doorbell of one job (rung by settle when a waiter marked the job)."""
         return f"{self.prefix}done:{job_id}"

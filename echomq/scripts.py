@@ -167,10 +167,11 @@ DEBOUNCE = LuaScript("debounce", 5)
 # the "durable" dial (echomq.durable): floor rows of admitted jobs, rehydration
 DURABLE_MARK = LuaScript("durable_mark", 1)
 REQUEUE = LuaScript("requeue", 6)
+RETIRE = LuaScript("retire", 2)  # a dead consumer's claimer name (echomq.supervisor.release)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
        RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY, LIMIT,
        BACKFILL, CRON_SET, CRON_REMOVE, CRON_FIRE, CRON_RESTORE, LIMITS_RESTORE, LIMITS_READ, BLOCK,
-       REBLOCK, STOP, EXPIRE_MARK, EXPIRE, DEBOUNCE, DURABLE_MARK, REQUEUE)
+       REBLOCK, STOP, EXPIRE_MARK, EXPIRE, DEBOUNCE, DURABLE_MARK, REQUEUE, RETIRE)
 
 
 LIBRARIES = ("deps", "events")  # lua files included by others ("--!include NAME"), not run alone
@@ -448,6 +449,16 @@ def release_args(k: Keys, held: Sequence[tuple[str, str]], mode: str) -> list[Ar
     for job_id, token in held:
         args += [job_id, token]
     return args
+
+
+RETIRED_LEASES = 10  # a retired claimer's mark outlives its last claim's record (claim.lua)
+
+
+def retire(client: redis.Redis, k: Keys, claimer: str, lease_ms: int) -> list[Any]:
+    """Retire a dead consumer's claimer name (its claims lease nothing from now on) and
+    read its claims record, in one call: the record's values (id, token, ...)."""
+    return list(RETIRE(client, [k.claims(claimer), k.retired(claimer)],
+                       [RETIRED_LEASES * lease_ms]))
 
 
 def extend(client: redis.Redis, k: Keys, lease_ms: int, held: Sequence[tuple[str, str]]

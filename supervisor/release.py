@@ -79,12 +79,16 @@ class Releases:
 
     def release_claims(self, rt: QueueRuntime, claimer: str, held: set[tuple[str, str]]
                         ) -> bool:
-        """Read a dead consumer's claims record, hand back what it did not hold, and only
-        then drop the record: a read whose reply was lost (the server ran it) is read
-        again, and a release that ran twice matches no token the second time."""
+        """Retire a dead consumer's claimer name and read its claims record in one call
+        (retire.lua: a claim it sent before it died that the server runs only after this
+        read leases nothing, instead of jobs no process would run, extend or hand back),
+        hand back what it did not hold, and only then drop the record: a read whose reply
+        was lost (the server ran it) is read again, and a release that ran twice matches
+        no token the second time."""
         key = rt.metronome.keys.claims(claimer)
         try:
-            raw = self.house.client.lrange(key, 0, -1)
+            raw = scripts.retire(self.house.client, rt.metronome.keys, claimer,
+                                 rt.settings.lease_ms)
         except UNAVAILABLE_ERRORS as exc:
             log.warning("queue %s: could not read a dead consumer's claims (%s); kept until "
                         "the server answers", rt.spec.name, exc)

@@ -21,7 +21,10 @@
   `keep` pairs kept, expiring ten leases after the last claim, so that it
   outlives an outage that outlived the leases): a supervisor whose consumer
   died before it could record a claim's reply hands those jobs back at once,
-  uncharged, instead of waiting for their leases to expire.
+  uncharged, instead of waiting for their leases to expire. A claimer the
+  supervisor retired once its consumer died ("<prefix>retired:<claimer>", set by
+  retire.lua as it reads the record) claims nothing: a claim that consumer sent
+  before it died, run only now, must not lease jobs no process holds.
 
   Flow control (only when the limits hash or the priority set exists; a queue
   using neither runs the loop above and nothing else): the rings of priority
@@ -69,6 +72,9 @@
 --!include events
 --!include deps
 if redis.call('EXISTS', KEYS[6]) == 1 then return {} end
+if ARGV[5] and ARGV[5] ~= '' and redis.call('EXISTS', ARGV[1] .. 'retired:' .. ARGV[5]) == 1 then
+  return {}  -- its consumer died: nobody would run, extend or hand back what it leased
+end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]

@@ -19,7 +19,8 @@ HASH_CALLS = re.compile(r"redis\.call\(\s*'(HSET|HSETNX|HINCRBY|HDEL|HGET|HMGET|
 ALL_FIELDS = ("HDEL", "HMGET")  # every argument after the key is a field
 # the Keys methods building per-job, per-lane and per-consumer keys, by the name documented
 KEY_METHODS = {"ring_of": "ring<p>", "job": "job:<id>", "lane": "lane:<lane>",
-               "starts": "starts:<lane>", "claims": "claims:<claimer>", "done": "done:<id>",
+               "starts": "starts:<lane>", "claims": "claims:<claimer>",
+               "retired": "retired:<claimer>", "done": "done:<id>",
                "dedup": "dedup:<id>"}
 
 

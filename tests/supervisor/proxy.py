@@ -18,11 +18,14 @@ fires once, at the ``nth`` command any connection sends that its predicate match
   command did that only its reply tells (the claim that leased a given job).
 
 Commands written after the chosen one are never relayed. Other connections, and new
-ones made after the cut, are relayed untouched. Predicates get the command as a list of
-bytes; :func:`script` and :func:`command` build common ones; ``on=`` narrows a cut to
-the connections a predicate on the :class:`Link` accepts. :meth:`Proxy.watch` counts
-commands without cutting; an ``observer`` (see :class:`Observer`) sees every command,
-every reply the server sent (those a cut dropped too) and every cut, with its
+ones made after the cut, are relayed untouched. :meth:`Proxy.hold` holds commands back
+instead, each connection at the first one it sends that matches, until the test lets
+them go (in the order they were held): a request still on its way to the server when
+its client died, which the server runs later. Predicates get the command as a list of
+bytes; :func:`script` and :func:`command` build common ones; ``on=`` narrows a cut (or
+a hold) to the connections a predicate on the :class:`Link` accepts. :meth:`Proxy.watch`
+counts commands without cutting; an ``observer`` (see :class:`Observer`) sees every
+command, every reply the server sent (those a cut dropped too) and every cut, with its
 connection (what it raises is kept in ``Proxy.errors``); :meth:`Proxy.sever_all` cuts
 every connection at once. Use as a context manager, or call :meth:`Proxy.close`.
 
@@ -114,6 +117,57 @@ class Watch:
             return self.cond.wait_for(lambda: self.count >= count, timeout)
 
 
+class Hold:
+    """Holds back each connection at the first command matching a predicate (that command
+    and what the connection sends after it), from when it was made until let go. A
+    connection let go is relayed again; its server side then stays open when its client
+    leaves (until :meth:`Proxy.close`), so the server runs what was held, and the reply
+    is counted as answered."""
+
+    def __init__(self, match: Predicate, on: Callable[[Link], bool] | None) -> None:
+        self.match, self.on = match, on
+        self.cond = threading.Condition()
+        self.held: list[tuple[Link, Command, threading.Event]] = []
+        self.answers = 0  # replies to let-go commands the server sent
+        self.done = False  # let go entirely: holds nothing more
+
+    def wait_held(self, count: int, timeout: float) -> bool:
+        """True once ``count`` connections are held (or were); False at the timeout."""
+        with self.cond:
+            return self.cond.wait_for(lambda: len(self.held) >= count, timeout)
+
+    def let_go(self, count: int | None = None) -> None:
+        """Relay the first ``count`` connections held (all, and hold nothing more, when
+        None)."""
+        with self.cond:
+            if count is None:
+                self.done = True
+            for _, _, gate in self.held[:count]:
+                gate.set()
+
+    def wait_answered(self, count: int, timeout: float) -> bool:
+        """True once the server answered ``count`` of the commands let go."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.answers >= count, timeout)
+
+    def gate(self, link: Link, cmd: Command) -> threading.Event | None:
+        """The event ``cmd`` must wait for before it is relayed, None to relay it now."""
+        with self.cond:
+            if self.done or any(held is link for held, _, _ in self.held) or \
+                    not self.match(cmd) or (self.on is not None and not self.on(link)):
+                return None
+            gate = threading.Event()
+            self.held.append((link, cmd, gate))
+            self.cond.notify_all()
+            return gate
+
+    def answered(self, cmd: Command) -> None:
+        with self.cond:
+            if any(held is cmd for _, held, gate in self.held if gate.is_set()):
+                self.answers += 1
+                self.cond.notify_all()
+
+
 def parse_command(buf: bytes | bytearray, start: int) -> tuple[Command, int] | None:
     """The command at ``buf[start:]`` and the offset past it, or None while incomplete."""
     if start >= len(buf):
@@ -152,6 +206,7 @@ class Proxy:
         self.lock = threading.Lock()
         self.cuts: list[Cut] = []
         self.watches: list[Watch] = []
+        self.holds: list[Hold] = []
         self.socks: list[socket.socket] = []
         self.errors: list[str] = []  # what the observer raised (see _observe)
         self.closed = False
@@ -185,6 +240,16 @@ class Proxy:
             self.watches.append(watch)
         return watch
 
+    def hold(self, match: Predicate, *,
+             on: Callable[[Link], bool] | None = None) -> Hold:
+        """Hold back, from now on, each connection at the first command matching ``match``
+        (with ``on``: of the connections it accepts) until the test lets it go (see
+        :class:`Hold`)."""
+        held = Hold(match, on)
+        with self.lock:
+            self.holds.append(held)
+        return held
+
     def sever_all(self) -> None:
         """Close every connection relayed so far, both sides (new ones are relayed)."""
         with self.lock:
@@ -193,8 +258,12 @@ class Proxy:
             _close(s)
 
     def close(self) -> None:
-        """Stop accepting and close every connection."""
+        """Stop accepting and close every connection (what is held is let go first)."""
         self.closed = True
+        with self.lock:
+            holds = list(self.holds)
+        for held in holds:
+            held.let_go()
         _close(self.listener)
         self.sever_all()
 
@@ -283,7 +352,20 @@ class Proxy:
         self._observe("cut", link, armed)
 
     def _observe_reply(self, link: Link, cmd: Command, reply: bytes, dropped: bool) -> None:
+        with self.lock:
+            holds = list(self.holds)
+        for held in holds:
+            held.answered(cmd)
         self._observe("reply", link, cmd, reply, dropped)
+
+    def _gate(self, cmd: Command, link: Link) -> threading.Event | None:
+        with self.lock:
+            holds = list(self.holds)
+        for held in holds:
+            gate = held.gate(link, cmd)
+            if gate is not None:
+                return gate
+        return None
 
     def _up(self, link: Link) -> None:
         buf = bytearray()
@@ -293,13 +375,24 @@ class Proxy:
             except OSError:
                 data = b""
             if not data:
-                _close(link.server)
+                if not link.let_go:
+                    _close(link.server)
                 return
             buf += data
             pos = 0
             while (parsed := parse_command(buf, pos)) is not None:
                 cmd, end = parsed
                 self._observe("command", link, cmd)
+                gate = self._gate(cmd, link)
+                if gate is not None:  # what came before it goes now; it waits to be let go
+                    if pos and not _send(link.server, bytes(buf[:pos])):
+                        _close(link.client)
+                        return
+                    del buf[:pos]
+                    end -= pos
+                    pos = 0
+                    gate.wait()
+                    link.let_go = True  # the server runs it after its client is gone
                 armed = self._firing(cmd, link)
                 if armed is None:
                     pos = end
@@ -335,6 +428,7 @@ class Link:
         self.relayed = 0  # replies relayed to the client
         self.limit: int | None = None  # replies the client gets, once a cut fired
         self.keep_server = False
+        self.let_go = False  # held back by a Hold and let go: the server side stays open
         self.tag: str | None = None  # for an observer: whose connection this is
 
     def expect(self, cmd: Command) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import psutil
 import pytest
 import redis
 from echomq.supervisor.drills.localredis import free_port
@@ -100,6 +101,36 @@ def test_a_claim_whose_reply_a_consumer_lost_goes_back_uncharged_without_a_poke(
     assert job is not None
     assert (job.state, job.stalls, _runs(r, queue_name, "lost")) == ("completed", 0, 1), (
         f"a job leased by a claim whose reply was lost was charged a stall: {job}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_claim_a_dead_consumer_sent_that_runs_after_its_hand_back_leases_nothing(
+        supervisor: Start, proxy: Proxy, redis_url: str, queue_name: str, r: redis.Redis,
+        mode: list[str]) -> None:
+    # the consumer's claim is still on its way to the server when the consumer dies (here
+    # SIGKILL; in a drain, a handler's os._exit while the claim sent ahead of its batch is
+    # in flight). The supervisor hands back what the consumer held and what its claims
+    # record names, and only then does the server run the claim: what it leases would
+    # belong to nobody, its lease neither extended nor handed back, and the reap would
+    # charge it a stall it never ran (with max_stalls=0: dead, never run). The claim must
+    # lease nothing; the job runs once, uncharged, on the consumer started in its place
+    q = echomq.Queue(queue_name, redis=r, max_stalls=0)
+    sup = _start(supervisor, proxy, redis_url, queue_name, *mode)
+    held = proxy.hold(script(scripts.CLAIM))
+    q.add("x", {}, job_id="late")
+    assert held.wait_held(1, 10), f"no claim of the job went through the proxy: {q.get('late')}"
+    [child] = psutil.Process(sup.proc.pid).children()
+    child.kill()
+    sup.wait_for_log(rf"consumer {child.pid} killed by SIGKILL")  # after the hand-back
+    held.let_go(1)  # the dead consumer's claim reaches the server now
+    assert held.wait_answered(1, 10), "the server did not run the dead consumer's claim"
+    held.let_go()  # and the claims of the consumer started in its place
+    wait_until(lambda: q.get("late").state in ("completed", "dead"),  # type: ignore[union-attr]
+               20, "the job to end")
+    job = q.get("late")
+    assert job is not None
+    assert (job.state, job.stalls, _runs(r, queue_name, "late")) == ("completed", 0, 1), (
+        f"a job leased by a dead consumer's late claim was charged a stall: {job}")
 
 
 @pytest.mark.parametrize("when", ["before", "after"])

@@ -8,15 +8,19 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 import sqlalchemy as sa
 from echomq.supervisor.drills.localredis import LocalRedis
 
 import echomq
+from echomq import scripts
+from echomq.errors import ConnectionFailed
 from echomq.floor import Floor
 
 from .conftest import Supervisor, wait_until
+from .proxy import Proxy, script
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -60,6 +64,77 @@ def test_a_flushall_mid_run_loses_no_job(private_redis: LocalRedis, redis_url: s
 
         wait_until(only_finished_left, 30, "the rows of unfinished jobs closed")
     q.floor.dispose()
+
+
+def test_a_chord_whose_member_a_dead_consumer_claimed_late_survives_a_wipe(
+        private_redis: LocalRedis, redis_url: str, queue_name: str, floor_url: str,
+        supervisor: Callable[..., Supervisor]) -> None:
+    # the consumer dies with its claim on the way to the server, and the server runs the
+    # claim only after the supervisor handed back what the consumer held: had it leased the
+    # chord's member, its lease would run out unextended and the reap charge it a stall it
+    # never ran (max_stalls=0: dead), its callback dead with it, their rows closed as dead
+    # jobs' rows are; Valkey losing its data once the rows closed would take both, neither
+    # ever run. Every job must run
+    ledger = redis.Redis.from_url(redis_url)  # another server: the wipe spares it
+    with Proxy(private_redis.port) as proxy:
+        sup = supervisor(proxy.url, queue_name, "--floor-url", floor_url,
+                         "--durability", "durable", "--beat-ms", "100", "--processes", "1",
+                         "--lease-ms", "1000", env={"ECHOMQ_TEST_LEDGER_URL": redis_url}
+                         ).started(1)
+        client = redis.Redis.from_url(private_redis.url)
+        wait_until(lambda: client.hget(f"emq:{{{queue_name}}}:meta", "durability")
+                   == b"durable", 10, "the supervisor recording the dial")
+        held = proxy.hold(script(scripts.CLAIM))  # the supervisor itself never claims
+        q = echomq.Queue(queue_name, redis=client, floor=floor_url, max_stalls=0)
+        member, callback = q.add_many([("j", {}, {"job_id": "member"}),
+                                       ("j", {}, {"job_id": "callback", "after": ["member"]})])
+        assert held.wait_held(1, 10), "the consumer sent no claim"
+        [child] = psutil.Process(sup.proc.pid).children()
+        child.kill()
+        sup.wait_for_log(rf"consumer {child.pid} killed by SIGKILL")  # after the hand-back
+        held.let_go(1)  # the dead consumer's claim reaches the server now
+        assert held.wait_answered(1, 10), "the server did not run the dead consumer's claim"
+        held.let_go()
+        wait_until(lambda: all(q.get(j).state in ("completed", "dead")  # type: ignore[union-attr]
+                               for j in (member, callback)), 30, "the chord to end")
+        assert q.floor is not None
+        wait_until(lambda: not q.floor.rows(queue_name, [member, callback]),  # type: ignore[union-attr]
+                   10, "the rows of the ended jobs to close")
+        client.flushall()  # Valkey loses everything
+        sup.wait_for_log(r"epoch missing; restored \d+ job\(s\)", 2)
+        done_key = f"ledger:{queue_name}:done"
+        wait_until(lambda: {member, callback} <= {x.decode() for x in
+                                                  ledger.lrange(done_key, 0, -1)},
+                   30, "the chord's jobs to run")
+    q.floor.dispose()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_an_add_many_cut_at_its_durable_mark_and_sent_again_leaves_every_row_open(
+        private_redis: LocalRedis, queue_name: str, floor_url: str, when: str) -> None:
+    # the producer's connection fails between the admit and the floor write: before the
+    # mark reaches the server, or after it ran with its reply lost (as a restart of the
+    # server meets it). add_many raises; sent again with the same job ids (as a producer
+    # retries), it admits nothing twice and every job, a chord's callback too, has its
+    # open row when it returns
+    with Proxy(private_redis.port) as proxy:
+        q = echomq.Queue(queue_name, redis_url=proxy.url, floor=floor_url,
+                         durability="durable")
+        jobs = [("j", {"i": i}, {"job_id": f"m{i}"}) for i in range(3)] + [
+            ("j", {}, {"job_id": "callback", "after": ["m0", "m1", "m2"]})]
+        # "after": the mark that ran (not a NOSCRIPT refusal, which reloads and calls again)
+        ran = (lambda reply: reply[:1] != b"-") if when == "after" else None
+        cut = proxy.cut(script(scripts.DURABLE_MARK), when=when, reply=ran)
+        with pytest.raises(ConnectionFailed):
+            q.add_many(jobs)
+        assert cut.fired.wait(10)
+        ids = q.add_many(jobs)
+        assert q.floor is not None
+        rows = {r.job_id: r.fields["state"] for r in q.floor.rows(queue_name, ids)}
+        assert rows == {"m0": "waiting", "m1": "waiting", "m2": "waiting",
+                        "callback": "blocked"}, rows
+        q.floor.dispose()
+        q.close()
 
 
 def test_outbox_rows_are_relayed_by_the_supervisor(private_redis: LocalRedis,
