@@ -29,6 +29,7 @@ from redis.cluster import RedisCluster
 from redis.connection import DefaultParser
 from redis.crc import key_slot
 
+from echomq import forksafe
 from echomq.errors import ConnectionFailed, PermissionDenied
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -283,7 +284,9 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
                 # cluster node did): ask once more before failing
                 if _cluster_urls.pop(url, None) is None or cluster_mode(url, options):
                     raise
-        return redis.Redis.from_url(url, **options)
+        client = redis.Redis.from_url(url, **options)
+        forksafe.track(client.connection_pool)
+        return client
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
 
@@ -310,6 +313,7 @@ def _sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
     client: redis.Redis = sentinel.master_for(
         path[0], db=int(path[1]) if len(path) == 2 else 0, username=unquote(user) or None,
         password=unquote(password) or None, **options)
+    forksafe.track(client.connection_pool)
     return client
 
 
@@ -351,6 +355,7 @@ class RefusalPool(redis.ConnectionPool):
                  max_connections: int | None = None, **connection_kwargs: Any) -> None:
         connection_kwargs.setdefault("parser_class", RefusalParser)
         super().__init__(connection_class, max_connections, **connection_kwargs)
+        forksafe.track(self)
 
 
 def _cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:

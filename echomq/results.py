@@ -26,7 +26,7 @@ from typing import Any
 import redis
 import redis.exceptions
 
-from echomq import scripts
+from echomq import forksafe, scripts
 from echomq.errors import JobFailed, JobNotFound
 from echomq.keys import Keys, validate_job_id
 
@@ -108,8 +108,9 @@ def timed_out(job_id: str, timeout: float | None) -> TimeoutError:
 def waiter_pool(client: redis.Redis) -> redis.ConnectionPool:
     """A pool to the same server for parked waiters, apart from the command pool."""
     pool = client.connection_pool
-    return redis.ConnectionPool(connection_class=pool.connection_class,
-                                max_connections=WAITERS_MAX, **_connection_kwargs(pool))
+    return forksafe.track(redis.ConnectionPool(connection_class=pool.connection_class,
+                                               max_connections=WAITERS_MAX,
+                                               **_connection_kwargs(pool)))
 
 
 def _connection_kwargs(pool: Any) -> dict[str, Any]:

@@ -112,21 +112,33 @@ def fork_child(queue: str, slot: int, redis_url: str, settings: QueueSettings,
     claimer = os.urandom(8).hex()
     # what the parent holds at the fork, its garbage included, is never collected in the
     # child: a destructor there (a redis-py PubSub or client handing its connection back
-    # to a pool) would take the pool's lock, copied as held when a supervisor thread held
-    # it, and wait for good before the child said READY
-    gc.freeze()
+    # to a pool) would take a lock copied as held when a supervisor thread held it, and
+    # wait for good before the child said READY (echomq.forksafe unlocks EchoMQ's own
+    # pools; this covers any other). No collection runs from here to the child's freeze.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         pid = os.fork()
     except BaseException:
-        gc.unfreeze()
+        if collecting:
+            gc.enable()
         raise
     if pid == 0:  # the child
-        sever(parent_end)
-        for callback in forget:
-            callback()
+        gc.freeze()
+        if collecting:
+            gc.enable()
+        try:
+            sever(parent_end)
+            for callback in forget:
+                callback()
+        except BaseException:  # never back into the parent's loop with its clients
+            log.exception("queue %s: a forked consumer could not let go of the parent's "
+                          "resources", queue)
+            os._exit(1)
         run_child(child_end, queue, redis_url, settings, handler, max_jobs, floor_url,
                   holdings, claimer, middleware)
-    gc.unfreeze()
+    if collecting:
+        gc.enable()
     child_end.close()
     parent_end.setblocking(False)
     return Child(queue=queue, slot=slot, pid=pid, sock=parent_end,

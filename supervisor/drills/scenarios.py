@@ -33,7 +33,9 @@ workflow-restart    chords, Valkey restarted without persistence      as valkey-
                                                                      members (those lost with
                                                                      Valkey count as completed)
 workflow-restart-   the same on the durable dial                      none lost; a run twice only
-durable                                                              within a beat of the loss
+durable                                                              within a beat of the loss, or
+                                                                     with its row still open at
+                                                                     the loss (at most 5 beats)
 ==================  ===============================================  ==============================
 
 valkey-wipe, producer-crash and outbox-outage are in :mod:`echomq.supervisor.drills.durable`.
@@ -66,9 +68,9 @@ KILL_FOR_S = 3.0
 STALL_S = 12.0  # longer than the clients' 10 s socket timeout: they must time out and reconnect
 FLOOR_OUTAGE_S = 6.0  # longer than SQLite's 5 s busy timeout: writers must fail, not just wait
 FOLD_WINDOW_S = BEAT_MS / 1000 + 0.15  # "folded within one beat" plus the SQL write
-# the latest a completed job's row may still be open at a loss: ten beats, the scheduler's
+# the latest a completed job's row may still be open at a loss: five beats, the scheduler's
 # beat delayed by a starved machine (a row open past that is a close that went missing)
-CLOSE_LAG_S = 10 * BEAT_MS / 1000
+CLOSE_LAG_S = 5 * BEAT_MS / 1000
 FAULT_AFTER = 0.2  # inject the fault once this share of the plan has completed
 RUNNING_GAP_S = 1.0  # "the queue keeps running": no longer stretch without a completion
 CLUSTER_HEAL_S = 30.0  # a failover takes about two node timeouts; this bounds the wait

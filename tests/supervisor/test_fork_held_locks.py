@@ -109,6 +109,25 @@ def test_a_consumer_forked_beside_a_held_pool_lock_gets_ready(
         client.close()
 
 
+def test_a_consumer_forked_beside_a_held_lock_of_the_default_client_gets_ready(
+        redis_url: str, queue_name: str) -> None:
+    # the application's default client (a task's send, a pipeline in a thread of the
+    # parent) holds its pool's lock at the fork; echomq.pools lets go of that client in the
+    # child, inside the fork: its destructor ran by refcount, no collection needed
+    from echomq import pools
+
+    pools.client(redis_url).ping()
+    pool = pools.client(redis_url).connection_pool  # the client itself only pools holds
+    with _lock_held(pool):
+        child = fork_child(queue_name, 0, redis_url, QueueSettings(), _handler, None, [])
+    try:
+        said = _read_until(child.sock.fileno(), protocol.READY.encode())
+        assert protocol.READY.encode() in said, f"the consumer never got ready: {said!r}"
+    finally:
+        child.sock.close()
+        _reap(child.pid)
+
+
 def test_the_stop_subscription_forgotten_in_a_child_leaves_its_pool_alone(
         redis_url: str, queue_name: str) -> None:
     client = redis.Redis.from_url(redis_url)
