@@ -339,6 +339,7 @@ class Arbiter:
         self.leases.keep(now)
         if self.stopping:
             return
+        self.children.end_stuck_boots(now)
         for rt in self.queues.values():
             for slot in rt.slots:
                 # forked only while the server answers: a child needs it to do anything

@@ -69,6 +69,7 @@ class Child:
     stop_sent: bool = False
     respawn_now: bool = False  # a recycle or a roll: its exit is not a crash
     boot_failure: str | None = None  # what it said with BOOTFAIL: respawning would not help
+    boot_ended: bool = False  # SIGKILLed for not getting ready within the boot timeout
     jobs: int = 0
 
     def send(self, message: bytes) -> bool:
@@ -188,6 +189,23 @@ class Children:
         self.house.selector.register(child.sock.fileno(), selectors.EVENT_READ, child)
         event(log, "spawn", "queue %s: consumer %d started", rt.spec.name, child.pid,
               queue=rt.spec.name, pid=child.pid)
+
+    def end_stuck_boots(self, now: float) -> None:
+        """SIGKILL each consumer that has not said READY within the boot timeout (a child
+        stuck on something it inherited, or on its handler's set-up, would otherwise stay
+        "starting" with no log): it holds no job, and its slot forks again as after a crash."""
+        limit = self.house.settings.boot_timeout
+        for child in list(self.pids.values()):
+            if child.state != "starting" or child.boot_ended or now - child.started_at < limit:
+                continue
+            child.boot_ended = True
+            event(log, "boot-timeout", "queue %s: consumer %d not ready after %.0f s; ending it "
+                  "and forking another", child.queue, child.pid, limit, level=logging.WARNING,
+                  queue=child.queue, pid=child.pid)
+            try:
+                os.kill(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _sibling_forgetter(self) -> Callable[[], None]:
         """Drop the pipe ends of every child alive now (so a dead child's EOF arrives), and

@@ -13,6 +13,7 @@ from typing import Any
 
 from echomq.supervisor import logs
 from echomq.supervisor.settings import (
+    DEFAULT_BOOT_TIMEOUT_S,
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_REDIS_URL,
     DEFAULT_SPILL_HORIZON_S,
@@ -87,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--lease-ms", type=int, help=f"lease in ms {_env_help('lease_ms')}")
     start.add_argument("--drain-timeout", type=float,
                        help=f"seconds to let jobs finish on SIGTERM {_env_help('drain_timeout')}")
+    start.add_argument("--boot-timeout", type=float,
+                       help="seconds a consumer may take to get ready before it is ended and "
+                            f"forked again {_env_help('boot_timeout')}")
     start.add_argument("--health-port", type=int, help=f"HTTP port {_env_help('health_port')}")
     start.add_argument("--health-host", help=f"HTTP bind address {_env_help('health_host')}")
     start.add_argument("--max-memory-mb", type=int,
@@ -230,6 +234,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         lease_ms=_number("lease_ms", _pick(args, "lease_ms"), int) or 30000,
         drain_timeout=_number("drain_timeout", _pick(args, "drain_timeout"), float)
         if _pick(args, "drain_timeout") is not None else DEFAULT_DRAIN_TIMEOUT_S,
+        boot_timeout=_number("boot_timeout", _pick(args, "boot_timeout"), float)
+        if _pick(args, "boot_timeout") is not None else DEFAULT_BOOT_TIMEOUT_S,
         health_port=health_port,
         health_host=_pick(args, "health_host") or "0.0.0.0",
         max_memory_mb=_number("max_memory_mb", _pick(args, "max_memory_mb"), int),

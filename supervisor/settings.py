@@ -27,6 +27,7 @@ ENV_VARS: dict[str, str] = {
     "beat_ms": "ECHOMQ_BEAT_MS",
     "lease_ms": "ECHOMQ_LEASE_MS",
     "drain_timeout": "ECHOMQ_DRAIN_TIMEOUT",
+    "boot_timeout": "ECHOMQ_BOOT_TIMEOUT",
     "health_port": "ECHOMQ_HEALTH_PORT",
     "health_host": "ECHOMQ_HEALTH_HOST",
     "max_memory_mb": "ECHOMQ_MAX_MEMORY_MB",
@@ -49,6 +50,7 @@ ENV_VARS: dict[str, str] = {
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SPILL_HORIZON_S = 3600.0
+DEFAULT_BOOT_TIMEOUT_S = 60.0  # a consumer not READY by then is ended and forked again
 DURABILITIES = ("volatile", "folded", "sync", "durable")
 
 
@@ -78,6 +80,7 @@ class Settings:
     beat_ms: int = 1000
     lease_ms: int = 30000
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S
+    boot_timeout: float = DEFAULT_BOOT_TIMEOUT_S
     health_port: int | None = None
     health_host: str = "0.0.0.0"
     max_memory_mb: int | None = None
@@ -106,6 +109,8 @@ class Settings:
             raise ConfigError("keep_dead and keep_dead_s must be >= 0")
         if self.drain_timeout < 0:
             raise ConfigError(f"drain_timeout must be >= 0, got {self.drain_timeout}")
+        if not 0 < self.boot_timeout < float("inf"):
+            raise ConfigError(f"boot_timeout must be > 0 seconds, got {self.boot_timeout}")
         if self.doorbell not in DOORBELLS:
             raise ConfigError(f"doorbell must be one of {', '.join(DOORBELLS)}, "
                               f"got {self.doorbell!r}")

@@ -80,6 +80,7 @@ class Worker:
         if settings.concurrency > 1 or self.runner.has_async():
             self.pool = ConcurrentDrain(self.lanes, self.runner, self, settings.concurrency)
         self.parent_gone = False
+        self.parent_pid = os.getppid()  # the supervisor: another parent means it died
         self.claimed_at = 0.0
         self.floor: Any = None
         if floor_url and settings.durability == "sync":
@@ -234,7 +235,13 @@ class Worker:
     # --- drain hooks ---------------------------------------------------------------
 
     def stop_requested(self) -> bool:
-        """Drain hook: True once a stop was asked for or the process is due to recycle."""
+        """Drain hook: True once a stop was asked for, the process is due to recycle, or its
+        supervisor died (nobody extends its leases now: a job it started would be reaped
+        under the next supervisor and charged a stall; what it has not started goes back)."""
+        if not self.stopping and os.getppid() != self.parent_pid:
+            log.warning("queue %s: the supervisor is gone; handing back what has not "
+                        "started, then leaving", self.queue)
+            self.stopping = self.parent_gone = True
         return self.stopping or self._recycle_due()
 
     def on_batch(self, batch: Sequence[Claimed]) -> None:
