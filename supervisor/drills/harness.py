@@ -104,6 +104,7 @@ class Producer(threading.Thread):
                            max_stalls=MAX_STALLS, durability=durability, floor=self.floor)
         self.plan = plan
         self._admitted_at: dict[str, float] = {}
+        self._sent_at: dict[str, float] = {}  # when the admit that landed was sent
         self._lock = threading.Lock()
         self.errors = 0
         self.halt = threading.Event()
@@ -131,12 +132,19 @@ class Producer(threading.Thread):
         with self._lock:
             return dict(self._admitted_at)
 
+    def sent(self) -> dict[str, float]:
+        """A copy of job id -> time the admit that landed was sent (it reached the server
+        at some moment between this and :meth:`admitted`'s time)."""
+        with self._lock:
+            return dict(self._sent_at)
+
     def _admit(self, batch: list[JobPlan]) -> None:
         jobs = [("drill", {"work_ms": WORK_MS, "fail_first": p.fail_first},
                  {"job_id": p.id, "lane": p.lane, "delay": p.delay, "backoff": RETRY_BACKOFF_S,
                   **({"after": list(p.after)} if p.after else {})})
                 for p in batch]
         while not self.halt.is_set():
+            sent = time.time()
             try:
                 self.queue.add_many(jobs)
             except (EchoMQError, OSError):
@@ -147,6 +155,7 @@ class Producer(threading.Thread):
             now = time.time()
             with self._lock:
                 self._admitted_at.update((p.id, now) for p in batch)
+                self._sent_at.update((p.id, sent) for p in batch)
             return
 
 
@@ -336,6 +345,7 @@ class Observation:
     seed: int
     plan: list[JobPlan]
     admitted_at: dict[str, float] = field(default_factory=dict)
+    sent_at: dict[str, float] = field(default_factory=dict)  # the landed admit's sending
     ledger: list[tuple[str, int, int, str, float]] = field(default_factory=list)
     dead_ids: set[str] = field(default_factory=set)
     fault_at: float | None = None
@@ -591,6 +601,7 @@ class Harness:
         obs = self.obs
         if self.producer is not None:
             obs.admitted_at = {**self.producer.admitted(), **self.extra_admitted}
+            obs.sent_at = {**self.producer.sent(), **self.extra_admitted}
             obs.producer_errors = self.producer.errors
         obs.ledger = self.ledger.rows()
         obs.crashes = sum(s.crashes for s in self.supervisors)

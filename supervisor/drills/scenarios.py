@@ -345,7 +345,9 @@ def assess(scenario: Scenario, obs: Observation) -> dict[str, Any]:
     expected: list[str] = []  # immediate jobs waiting in a Valkey that lost its data
     window: list[str] = []  # deferred or retried less than one fold window before the loss
     for j in missing:
-        if not scenario.valkey_lost or admitted[j] >= fault_at:
+        # sent after the loss, its admit reached the new server; one sent before may have
+        # landed on the old one even if it returned (and was stamped) after the loss began
+        if not scenario.valkey_lost or obs.sent_at.get(j, admitted[j]) >= fault_at:
             broken.append(j)
             continue
         if scenario.durable:  # on the floor before its admit returned

@@ -136,6 +136,20 @@ def test_valkey_restart_reports_but_forgives_waiting_immediate_jobs() -> None:
     assert "lost_immediate (expected: Valkey lost its data)" in table([report])
 
 
+def test_an_immediate_job_sent_before_the_loss_may_be_lost_even_if_its_add_returned_after(
+        ) -> None:
+    """The admit reached the server between its sending and its return: sent before the
+    loss, it may have landed on the server that lost its data (the dial allows that);
+    sent after, it landed on the new one and must not be lost."""
+    plan = JobPlan("j-x", "lane-2", None, False)
+    for sent, ok in ((100.45, True), (100.55, False)):  # the loss at 100.5
+        obs = _facts("valkey-restart", plan, 100.6)  # returned (stamped) after the loss
+        obs.sent_at = {"j-done": 100.0, "j-x": sent}
+        report = assess(SCENARIOS["valkey-restart"], obs)
+        assert report["ok"] is ok, report["failures"]
+        assert report["lost"] == (0 if ok else 1)
+
+
 @pytest.mark.parametrize(("plan", "failed_at"), [
     (JobPlan("j-x", "lane-2", 1.5, False), None),  # deferred, admitted well before the loss
     (JobPlan("j-x", "lane-2", None, True), 99.5),  # failed once well before: a retry
