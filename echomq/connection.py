@@ -284,9 +284,7 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
                 # cluster node did): ask once more before failing
                 if _cluster_urls.pop(url, None) is None or cluster_mode(url, options):
                     raise
-        client = redis.Redis.from_url(url, **options)
-        forksafe.track(client.connection_pool)
-        return client
+        return forksafe.tracked(redis.Redis.from_url(url, **options))
     except ValueError as exc:
         raise ConnectionFailed(f"invalid Redis URL {redact_url(url)}: {exc}") from None
 
@@ -313,8 +311,7 @@ def _sentinel_client(url: str, options: dict[str, Any]) -> redis.Redis:
     client: redis.Redis = sentinel.master_for(
         path[0], db=int(path[1]) if len(path) == 2 else 0, username=unquote(user) or None,
         password=unquote(password) or None, **options)
-    forksafe.track(client.connection_pool)
-    return client
+    return forksafe.tracked(client)
 
 
 # --- Valkey/Redis Cluster ------------------------------------------------------------

@@ -24,6 +24,12 @@ def track(pool: Any) -> Any:
     return pool
 
 
+def tracked(client: Any) -> Any:
+    """:func:`track` a redis-py client's pool; returns the client."""
+    track(client.connection_pool)
+    return client
+
+
 def _fresh_locks() -> None:
     """In the child: new, free locks for every tracked pool (its reset then runs as ever)."""
     for pool in list(_pools):
