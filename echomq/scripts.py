@@ -168,13 +168,15 @@ DEBOUNCE = LuaScript("debounce", 5)
 DURABLE_MARK = LuaScript("durable_mark", 1)
 REQUEUE = LuaScript("requeue", 6)
 RETIRE = LuaScript("retire", 2)  # a dead consumer's claimer name (echomq.supervisor.release)
+CLOSED_READ = LuaScript("closed_read", 2)  # the scheduler's closed log (supervisor/fold.py)
 ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD, LEAD, SPILL,
        RESTORE, BURY, TRIM_DEAD, AWAIT, PROGRESS, PAUSE, RESUME, CANCEL, JOBS, PURGE, SURVEY, LIMIT,
        BACKFILL, CRON_SET, CRON_REMOVE, CRON_FIRE, CRON_RESTORE, LIMITS_RESTORE, LIMITS_READ, BLOCK,
-       REBLOCK, STOP, EXPIRE_MARK, EXPIRE, DEBOUNCE, DURABLE_MARK, REQUEUE, RETIRE)
+       REBLOCK, STOP, EXPIRE_MARK, EXPIRE, DEBOUNCE, DURABLE_MARK, REQUEUE, RETIRE, CLOSED_READ)
 
 
-LIBRARIES = ("deps", "events")  # lua files included by others ("--!include NAME"), not run alone
+# lua files included by others ("--!include NAME"), not run alone
+LIBRARIES = ("deps", "events", "relayguard")
 
 
 def load_all(client: redis.Redis, key: str | None = None) -> None:

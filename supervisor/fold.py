@@ -50,42 +50,29 @@ class Folding(FloorWork):
                 return
 
     def _close(self) -> None:
-        """Drop the floor rows of jobs that completed or died."""
+        """Drop the floor rows of jobs that completed or died: a batch of the closed log
+        read and sorted by one script call (closed_read.lua), its rows deleted, then the
+        batch trimmed from the log."""
         while True:
-            raw = self.client.lrange(self.keys.closed, 0, BATCH - 1)
-            if not raw:
+            read, done, stubs = scripts.CLOSED_READ(
+                self.client, [self.keys.closed, self.keys.spilled], [self.keys.prefix, BATCH])
+            if not read:
                 return
             assert self.fence is not None
-            ids = self._backfill([_text(x) for x in raw])
+            ids = [_text(x) for x in done]
+            if stubs:
+                self._backfill([_text(x) for x in stubs])
             self.closed += self.floor.close_jobs(self.queue, ids, self.fence)
-            self.client.ltrim(self.keys.closed, len(raw), -1)
-            if len(raw) < BATCH or self._over_budget():
+            self.client.ltrim(self.keys.closed, read, -1)
+            if read < BATCH or self._over_budget():
                 return
 
-    def _backfill(self, ids: Sequence[str]) -> list[str]:
-        """The ids among these closed ones whose floor rows are to go. A job cancelled
-        while spilled holds a small hash: its floor row's fields are copied in first
-        (backfill.lua keeps the cancel's own fields). An id that is scheduled, waiting,
-        active or spilled again is a new job under the same id (added after the old one
-        was purged or dropped) whose row is current: it stays."""
-        pipe = self.client.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hmget(self.keys.job(job_id), "state", "spilled")
-            pipe.sismember(self.keys.spilled, job_id)
-        found = pipe.execute()
-        done, marked = [], []
-        for job_id, (state, flag), spilled in zip(ids, found[::2], found[1::2], strict=True):
-            if spilled or (state is not None and _text(state) in SCHEDULED_STATES):
-                continue
-            done.append(job_id)
-            if flag:
-                marked.append(job_id)
-        if not marked:
-            return done
-        args = backfill_args(self.keys, self.floor.rows(self.queue, marked))
+    def _backfill(self, stubs: Sequence[str]) -> None:
+        """A job cancelled while spilled holds a small hash: its floor row's fields are
+        copied in before the row goes (backfill.lua keeps the cancel's own fields)."""
+        args = backfill_args(self.keys, self.floor.rows(self.queue, stubs))
         if len(args) > 1:
             scripts.BACKFILL(self.client, [self.keys.cancelled], args)
-        return done
 
     def _drop_backlog(self) -> None:
         """The logs outgrew their bound (a long floor outage): drop them and catch up by

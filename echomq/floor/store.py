@@ -25,6 +25,8 @@ from alembic.util import CommandError
 from sqlalchemy import (
     Connection,
     Engine,
+    String,
+    any_,
     bindparam,
     case,
     delete,
@@ -232,6 +234,8 @@ class Floor:
             return 0
         closed = 0
         with self._write("close", queue, fence) as conn:
+            if conn.dialect.name == "postgresql":  # one array parameter, whatever the count
+                return int(conn.execute(_PG_CLOSE, {"queue": queue, "ids": ids}).rowcount)
             for chunk in _chunks(ids):
                 stmt = delete(jobs).where(jobs.c.queue == queue, jobs.c.job_id.in_(chunk))
                 closed += conn.execute(stmt).rowcount
@@ -568,6 +572,13 @@ def _row(job_id: str, due_ms: Any, text: Any, spilled: bool) -> FloorRow:
 
 def _dump(fields: dict[str, str]) -> str:
     return json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
+
+
+# PostgreSQL: the closed jobs' ids as one text[] parameter (an IN list binds, casts and
+# prepares a parameter per id: most of a drain's floor work under the "durable" dial)
+_PG_CLOSE = delete(jobs).where(
+    jobs.c.queue == bindparam("queue"),
+    jobs.c.job_id == any_(bindparam("ids", type_=postgresql.ARRAY(String))))
 
 
 def _unique(job_ids: Iterable[str]) -> list[str]:

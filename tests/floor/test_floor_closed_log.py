@@ -1,0 +1,71 @@
+"""The scheduler's closed log (closed_read.lua): the floor rows of finished jobs go, the
+rows of a new job under a finished job's id stay, and the log is trimmed by what was
+read. Real Valkey, real SQLite files and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from echomq.supervisor.drills.localredis import LocalRedis
+from echomq.supervisor.scheduler import Scheduler
+
+import echomq
+from echomq.floor import Floor
+
+
+def _tick(scheduler: Scheduler) -> None:
+    scheduler.next_tick = 0.0
+    scheduler.floor_retry_at = 0.0
+    scheduler.tick(time.monotonic())
+
+
+def _open(floor: Floor, queue: str) -> list[str]:
+    return [r.job_id for r in floor.open_rows(queue, None, 100)]
+
+
+@pytest.mark.parametrize("delay", [None, 3600.0], ids=["waiting", "scheduled"])
+def test_a_job_added_again_under_a_closed_id_keeps_its_floor_row(
+        floor: Floor, server: LocalRedis, delay: float | None) -> None:
+    """A durable job completes (its id enters the closed log) and retention drops its
+    hash; before the scheduler reads the log the same id is added again: that new job's
+    row stays, and the log entry is trimmed all the same."""
+    client = redis.Redis.from_url(server.url)
+    scheduler = Scheduler("cla", client, floor, beat_ms=100, horizon_s=7 * 86400)
+    scheduler.tick(0.0)  # leads: the queue folds
+    q = echomq.Queue("cla", redis=client, floor=floor, durability="durable",
+                     keep_completed=0)
+    q.add("x", {}, job_id="again")
+    ran: list[str] = []
+    echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+    assert ran == ["again"] and q.get("again") is None
+    assert client.lrange(q.keys.closed, 0, -1) == [b"again"]
+    q.add("x", {"n": 2}, job_id="again", delay=delay)
+    _tick(scheduler)
+    assert _open(floor, "cla") == ["again"]
+    [row] = floor.open_rows("cla", None, 1)
+    assert '"n":2' in row.fields["payload"]  # the new job's row
+    assert client.llen(q.keys.closed) == 0
+
+
+def test_finished_jobs_lose_their_rows_and_a_spilled_id_keeps_its_own(
+        floor: Floor, server: LocalRedis) -> None:
+    """Closed ids whose jobs finished lose their rows; a closed id held by the floor
+    alone (in the spilled set with no hash: a job spilled before spills left a stub)
+    keeps its row: that row is the job."""
+    client = redis.Redis.from_url(server.url)
+    scheduler = Scheduler("cls", client, floor, beat_ms=100, horizon_s=3600)
+    scheduler.tick(0.0)
+    q = echomq.Queue("cls", redis=client, floor=floor, durability="durable",
+                     keep_completed=0)
+    done = q.add_many([("x", {}) for _ in range(3)])
+    echomq.Consumer(q, lambda job: None).run(burst=True)
+    q.add("x", {}, job_id="far", delay=30 * 86400)  # beyond the horizon: spilled
+    _tick(scheduler)
+    assert client.sismember(q.keys.spilled, "far") and _open(floor, "cls") == ["far"]
+    client.delete(q.keys.job("far"))  # spilled with no stub
+    client.rpush(q.keys.closed, "far", *done)  # an earlier job under "far" finished
+    _tick(scheduler)
+    assert _open(floor, "cls") == ["far"]
+    assert client.llen(q.keys.closed) == 0
