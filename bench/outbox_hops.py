@@ -12,12 +12,12 @@ the processes of one machine):
 - commit: when the job's ``COMMIT`` returned to the producer (the clock's zero);
 - notify: the LISTEN connection handed the NOTIFY to the listener;
 - relay: the scheduler thread began the relay;
-- checkout: the relay's connection was checked out of its pool (pre-ping included);
-- select: the SELECT of the rows returned;
+- select: the relay's first round trip returned (``BEGIN`` and the ``SELECT`` of the rows,
+  on a connection of its own pool, which tests none at checkout);
 - floor: (``--durable``) the floor rows were committed;
 - admit: the admit script returned (the consumer's doorbell is rung inside it);
 - start: the handler started (``handlers:started`` in the consumer process);
-- delete: the DELETE of the rows returned; done: the relay's transaction committed.
+- done: the relay's second round trip returned (the ``DELETE`` of the rows and ``COMMIT``).
 
 Printed: p50 and p99 of each stamp's time since the commit (ms).
 """
@@ -34,13 +34,11 @@ from durable import make_floor
 from echomq.supervisor import relay as relay_mod
 from echomq.supervisor.relay import Listener, Relay, open_outbox
 from echomq.supervisor.scheduler import Scheduler, SchedulerThread
-from sqlalchemy import event
 
 import echomq
 from echomq.floor import Floor
 
-STAMPS = ("notify", "relay", "checkout", "select", "floor", "admit", "delete", "done",
-          "start")
+STAMPS = ("notify", "relay", "select", "floor", "admit", "done", "start")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,13 +70,13 @@ def run(url: str, floor_url: str, jobs: int, durable: bool) -> None:
     def stamp(what: str) -> None:
         stamps.setdefault(what, time.time())
 
-    event.listen(engine, "checkout", lambda *a: stamp("checkout"))
+    real_admit = Relay._admit
 
-    def after_execute(conn: Any, cursor: Any, statement: str, *a: Any) -> None:
-        head = statement.lstrip().split(None, 1)[0].upper()
-        stamp({"SELECT": "select", "DELETE": "delete"}.get(head, "other"))
+    def timed_admit(self: Relay, *a: Any, **kw: Any) -> Any:
+        stamp("select")  # the rows are here: BEGIN and the SELECT returned
+        return real_admit(self, *a, **kw)
 
-    event.listen(engine, "after_cursor_execute", after_execute)
+    Relay._admit = timed_admit  # type: ignore[method-assign]
     real_execute = relay_mod.scripts.execute
     real_write = relay_mod.durable.write_before_admit
 

@@ -122,22 +122,30 @@ class AdmitPlanner:
         return cron.make_spec(key, expr, name, self.encode_payload(payload), lane, tz,
                               self.settings.max_attempts, self.settings.max_stalls)
 
-    def calls(self, specs: Sequence[Spec]) -> list[Call]:
+    def calls(self, specs: Sequence[Spec], guard_ms: int | None = None,
+              tokens: Sequence[str] = ()) -> list[Call]:
         """The script calls that admit validated jobs: admit.lua for jobs due now,
-        schedule.lua for deferred ones."""
-        now = [s for s in specs if s[2] is None]
-        later = [s for s in specs if s[2] is not None]
+        schedule.lua for deferred ones. The outbox relay passes its guard: ``guard_ms``
+        and each spec's outbox token, in ``specs``' order (lua/relayguard.lua)."""
+        guarded = guard_ms is not None
+        if guarded and len(tokens) != len(specs):
+            raise ValueError("the relay's guard needs one outbox token per job")
+        rows = list(zip(specs, tokens if guarded else [""] * len(specs), strict=True))
+        now = [r for r in rows if r[0][2] is None]
+        later = [r for r in rows if r[0][2] is not None]
         calls: list[Call] = []
         for chunk in self._chunks(now):
             args: list[Any] = [self.keys.prefix, len(chunk)]
-            for _, a, _ in chunk:
+            for (_, a, _), _ in chunk:
                 args += a
-            calls.append((scripts.ADMIT, scripts.admit_keys(self.keys), args))
+            calls.append((scripts.ADMIT, scripts.admit_keys(self.keys),
+                          args + _guard(guard_ms, chunk)))
         for chunk in self._chunks(later):
             args = [self.keys.prefix, len(chunk)]
-            for _, a, when in chunk:
+            for (_, a, when), _ in chunk:
                 args += [*a, when]
-            calls.append((scripts.SCHEDULE, scripts.schedule_keys(self.keys), args))
+            calls.append((scripts.SCHEDULE, scripts.schedule_keys(self.keys),
+                          args + _guard(guard_ms, chunk)))
         return calls
 
     def marked_calls(self, specs: Sequence[Spec], marks: Mapping[int, int]
@@ -158,20 +166,20 @@ class AdmitPlanner:
                 for i, (job_id, args, _) in enumerate(group) if start + i in marks)])
         return out
 
-    def _chunks(self, specs: Sequence[Spec]) -> list[Sequence[Spec]]:
+    def _chunks(self, rows: Sequence[tuple[Spec, str]]) -> list[Sequence[tuple[Spec, str]]]:
         """Script calls of at most ADMIT_BATCH jobs and ``admit_call_bytes`` of payload
-        (one job over the bound still goes, alone)."""
-        chunks: list[Sequence[Spec]] = []
+        (one job over the bound still goes, alone); ``rows``: (spec, outbox token)."""
+        chunks: list[Sequence[tuple[Spec, str]]] = []
         start = size = 0
-        for i, spec in enumerate(specs):
+        for i, (spec, _) in enumerate(rows):
             n = len(spec[1][2].encode())  # the encoded payload; validated as UTF-8 already
             if i > start and (i - start >= ADMIT_BATCH
                               or size + n > self.settings.admit_call_bytes):
-                chunks.append(specs[start:i])
+                chunks.append(rows[start:i])
                 start, size = i, 0
             size += n
-        if start < len(specs):
-            chunks.append(specs[start:])
+        if start < len(rows):
+            chunks.append(rows[start:])
         return chunks
 
     # --- the durability dial --------------------------------------------------
@@ -293,3 +301,8 @@ def refuse_mixed(tx: bool = False, after: bool = False, expires: bool = False,
     if len(given) > 1 and set(given) != {"expires=", "debounce="}:
         raise ValueError(f"{' and '.join(given)} cannot be combined in one add "
                          "(nothing was admitted); see docs/reference.md")
+
+
+def _guard(guard_ms: int | None, chunk: Sequence[tuple[Spec, str]]) -> list[Any]:
+    """The relay's guard after a chunk's jobs: its ms, then each job's outbox token."""
+    return [] if guard_ms is None else [guard_ms, *(token for _, token in chunk)]

@@ -22,7 +22,8 @@ deferrer: Deferrer | None = None
 
 
 # given the queue's name and validated jobs (echomq.admit.Spec), returns True when it
-# wrote them into the outbox, False to admit them as usual
+# wrote them into the outbox (through echomq.outbox.write_cursor, which notes their rows'
+# tokens for result()), False to admit them as usual
 Outboxer = Callable[[str, Sequence[Any]], bool]
 outboxer: Outboxer | None = None
 

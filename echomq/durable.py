@@ -10,8 +10,9 @@ jobs back on their lanes in the order they were added.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -19,6 +20,8 @@ import redis
 from echomq import scripts
 from echomq.errors import ConfigError, FloorError
 from echomq.keys import Keys
+
+log = logging.getLogger("echomq.durable")
 
 if TYPE_CHECKING:  # SQLAlchemy (the floor extra) is imported only where a floor is used
     from echomq.admit import Spec
@@ -173,10 +176,11 @@ async def write_admitted_async(client: Any, keys: Keys, floor: Floor,
     return len(rows)
 
 
-OUTBOXED: dict[str, None] = {}  # ids this process wrote with tx= (the latest ones)
+OUTBOXED: dict[str, str] = {}  # ids this process wrote with tx= (the latest): row tokens
 OUTBOXED_KEEP = 10_000
 RELAY_WAIT_SLICE_S = 5.0  # longest single BLMOVE of a result() waiting for the relay
-RELAYED_TTL_MS = 60_000  # how long the relay's "relayed" doorbell of a job is kept
+RELAYED_TTL_MS = 60_000  # how long a relayed row's doorbell is kept after its delete
+RELAY_HELD_MS = 24 * 3600 * 1000  # ... from its admit until then (the relay's guard)
 
 
 def to_outbox(tx: Any, queue: str, specs: Sequence[Spec]) -> None:
@@ -185,7 +189,6 @@ def to_outbox(tx: Any, queue: str, specs: Sequence[Spec]) -> None:
     from echomq import outbox
 
     outbox.write(tx, queue, specs)
-    note_outboxed([s[0] for s in specs])
 
 
 async def to_outbox_async(tx: Any, queue: str, specs: Sequence[Spec]) -> None:
@@ -195,26 +198,44 @@ async def to_outbox_async(tx: Any, queue: str, specs: Sequence[Spec]) -> None:
     await outbox.write_async(tx, queue, specs)
 
 
-def note_outboxed(job_ids: Sequence[str]) -> None:
-    """Remember ids written with tx=, so result() waits for the relay's admit."""
-    for job_id in job_ids:
-        OUTBOXED[job_id] = None
+def note_outboxed(tokens: Mapping[str, str]) -> None:
+    """Remember the ids written into the outbox and their rows' tokens
+    (:func:`echomq.outbox.rows`), so result() waits for the relay's admit of that row."""
+    OUTBOXED.update(tokens)
     while len(OUTBOXED) > OUTBOXED_KEEP:
         del OUTBOXED[next(iter(OUTBOXED))]
 
 
-def relayed_key(keys: Keys, job_id: str) -> str:
-    """The doorbell the relay rings once it admitted an outbox job."""
-    return f"{keys.prefix}relayed:{job_id}"
+def relayed_key(keys: Keys, job_id: str, token: str) -> str:
+    """The doorbell of an outbox row the relay's admit rings (lua/relayguard.lua): a
+    result() waiting across the relay wakes on it, and the relay's guard reads it."""
+    return f"{keys.prefix}relayed:{job_id}:{token}"
 
 
-def ring_relayed(client: redis.Redis, keys: Keys, job_ids: Sequence[str]) -> None:
-    """After an outbox batch's admit: ring each job's "relayed" doorbell (kept a minute)."""
+def trim_relayed(client: redis.Redis, keys: Keys, rows: Sequence[tuple[str, str]]) -> None:
+    """The relayed rows' delete committed: their doorbells (``rows``: job id, token) are
+    kept RELAYED_TTL_MS from now, for result() waiters, not the guard's RELAY_HELD_MS.
+    Best effort: a server that refuses this leaves them a day."""
     pipe = client.pipeline(transaction=False)
-    for job_id in job_ids:
-        pipe.lpush(relayed_key(keys, job_id), "1")
-        pipe.pexpire(relayed_key(keys, job_id), RELAYED_TTL_MS)
-    pipe.execute()
+    for job_id, token in rows:
+        pipe.pexpire(relayed_key(keys, job_id, token), RELAYED_TTL_MS)
+    try:
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("%d relayed job(s) keep their doorbells a day: %s", len(rows), exc)
+
+
+def relayed_rows(client: redis.Redis, keys: Keys, rows: Sequence[tuple[str, str]]
+                 ) -> list[bool]:
+    """For each outbox row (job id, token): True when a relay admitted it before and its
+    job is gone since (finished, dropped by retention): a batch read again after its
+    delete failed writes no floor row for it."""
+    pipe = client.pipeline(transaction=False)
+    for job_id, token in rows:
+        pipe.exists(relayed_key(keys, job_id, token))
+        pipe.exists(keys.job(job_id))
+    replies = pipe.execute()
+    return [bool(replies[i]) and not replies[i + 1] for i in range(0, len(replies), 2)]
 
 
 def await_relay(client: redis.Redis, keys: Keys, job_id: str,
@@ -227,7 +248,7 @@ def await_relay(client: redis.Redis, keys: Keys, job_id: str,
         return timeout
     # BLMOVE onto itself: the ring stays for other waiters (and in a producer's ACL); in
     # slices shorter than the client's socket timeout, which would cut a longer block
-    key = relayed_key(keys, job_id)
+    key = relayed_key(keys, job_id, OUTBOXED[job_id])
     pool = getattr(client, "connection_pool", None)  # a cluster client keeps its own
     socket_s = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
     slice_s = RELAY_WAIT_SLICE_S if not socket_s else min(RELAY_WAIT_SLICE_S, socket_s / 2)

@@ -7,12 +7,16 @@ PostgreSQL the insert is followed by ``pg_notify('emq_outbox', queue)`` in the s
 transaction, so the relay's LISTEN connection is woken at commit.
 
 A job is stored as its admit takes it (the admit script's arguments); a delay becomes an
-absolute due time at the write, so the wait counts from the add, not from the relay.
+absolute due time at the write, so the wait counts from the add, not from the relay. Each
+row carries a random token of its own: the relay's guard and this process's result()
+wait on the doorbell of that row (lua/relayguard.lua), so a later add of the same id is
+a new add, not one the relay took before.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import weakref
 from collections.abc import Sequence
@@ -21,6 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, insert, inspect, text
 from sqlalchemy.orm import Session
 
+from echomq import durable
 from echomq.admit import Spec
 from echomq.errors import OutboxError
 from echomq.floor.schema import outbox
@@ -32,15 +37,21 @@ _checked: set[str] = set()  # databases (rendered URLs) known to hold the outbox
 _checked_engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # the same, by engine: no render
 
 
-def rows(queue: str, specs: Sequence[Spec]) -> list[dict[str, Any]]:
-    """The outbox rows of these validated jobs."""
+TOKEN_BYTES = 8  # a row's token: random, so no two adds of one id share a doorbell
+
+
+def rows(queue: str, specs: Sequence[Spec]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The outbox rows of these validated jobs, and their tokens by job id."""
     now = time.time_ns() // 1_000_000
     out = []
+    tokens = {}
     for job_id, args, due in specs:
         at = None if due is None else (now - due if due < 0 else due)
+        token = tokens[job_id] = secrets.token_hex(TOKEN_BYTES)
         out.append({"queue": queue, "job_id": job_id, "created_ms": now,
-                    "spec": json.dumps({"args": args, "due": at}, separators=(",", ":"))})
-    return out
+                    "spec": json.dumps({"args": args, "due": at, "t": token},
+                                       separators=(",", ":"))})
+    return out, tokens
 
 
 _MARKERS = {"qmark": "?", "format": "%s", "numeric": ":{n}", "named": ":{name}",
@@ -73,7 +84,7 @@ def write_cursor(cursor: Any, queue: str, specs: Sequence[Spec], *,
     if paramstyle not in _MARKERS:
         raise ValueError(f"paramstyle must be one of {', '.join(_MARKERS)}, got {paramstyle!r}")
     by_name = paramstyle in ("named", "pyformat")
-    values = rows(queue, specs)
+    values, tokens = rows(queue, specs)
     if not values:
         return
     if postgresql:
@@ -93,11 +104,13 @@ def write_cursor(cursor: Any, queue: str, specs: Sequence[Spec], *,
             for name in ("queue", "now", "rows", "channel", "queue"):
                 sql = sql.replace("{" + name + "}", marker(name), 1)
             cursor.execute(sql, tuple(params[n] for n in order))
-        return
-    insert_sql = (f"INSERT INTO {outbox.name} ({', '.join(_COLUMNS)}) VALUES (" + ", ".join(
-        _MARKERS[paramstyle].format(n=i + 1, name=c) for i, c in enumerate(_COLUMNS)) + ")")
-    cursor.executemany(insert_sql, [{c: r[c] for c in _COLUMNS} if by_name
-                                    else tuple(r[c] for c in _COLUMNS) for r in values])
+    else:
+        insert_sql = (f"INSERT INTO {outbox.name} ({', '.join(_COLUMNS)}) VALUES ("
+                      + ", ".join(_MARKERS[paramstyle].format(n=i + 1, name=c)
+                                  for i, c in enumerate(_COLUMNS)) + ")")
+        cursor.executemany(insert_sql, [{c: r[c] for c in _COLUMNS} if by_name
+                                        else tuple(r[c] for c in _COLUMNS) for r in values])
+    durable.note_outboxed(tokens)
 
 
 def sync_connection(tx: Any) -> Connection:
@@ -122,13 +135,14 @@ def write(tx: Any, queue: str, specs: Sequence[Spec]) -> None:
                                   f"({outbox.name}); {_FIX}. Nothing was written")
             _checked.add(key)
         _checked_engines.add(conn.engine)
-    values = rows(queue, specs)
+    values, tokens = rows(queue, specs)
     if not values:
         return
     if conn.dialect.name == "postgresql":
         conn.execute(_PG_STATEMENT, _pg_params(queue, values))
     else:
         conn.execute(insert(outbox), values)
+    durable.note_outboxed(tokens)  # result() waits across the relay
 
 
 async def write_async(tx: Any, queue: str, specs: Sequence[Spec]) -> None:

@@ -174,8 +174,8 @@ class Queue:
                 durable.to_outbox(tx, self.name, [spec])
                 return spec[0]
             plain = until is None and after is None and on_dep_failure == "fail"
+            # a framework's transaction (echomq.deferral); its rows' writer noted their tokens
             if plain and deferral.outboxer is not None and deferral.outboxed(self.name, [spec]):
-                durable.note_outboxed([spec[0]])  # a framework's transaction (echomq.deferral)
                 return spec[0]
             deps = None
             if after is not None or on_dep_failure != "fail":
@@ -217,7 +217,6 @@ class Queue:
                 durable.to_outbox(tx, self.name, specs)
             elif specs:
                 if not blocked and not expiries and deferral.outboxed(self.name, specs):
-                    durable.note_outboxed([s[0] for s in specs])
                     return [s[0] for s in specs]
 
                 def send() -> None:

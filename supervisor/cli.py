@@ -329,6 +329,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     finally:
         if listener is not None:
             listener.close()
+        if outbox_engine is not None:
+            from echomq.supervisor.relay import close_relay_pools
+
+            close_relay_pools()
         if health is not None:
             health.stop()
 

@@ -8,6 +8,14 @@ schedule.lua, idempotent on the job id) and mark them, then delete the rows. A f
 anywhere leaves the rows for the next call, which admits nothing twice (an id that
 exists is left as it is); a floor that refuses fails the batch before its admit.
 
+On PostgreSQL through psycopg 3 a batch is two round trips to the database: ``BEGIN``
+travels with the ``SELECT`` and ``COMMIT`` with the ``DELETE``, on a pool of the relay's
+own that tests no connection at checkout. A connection found dead at its first statement
+(a restart, an idle timeout) empties that pool, and the batch runs once more at once on
+a new connection. A batch that fails closes its connection: the server rolls the
+transaction back and its row locks go. An outbox URL naming another driver (psycopg2)
+takes SQLAlchemy's path: the engine's own pool, its pre-ping, one statement a trip.
+
 On PostgreSQL, :class:`Listener` holds a dedicated ``LISTEN emq_outbox`` connection and
 pokes the queue's scheduler thread at each commit's NOTIFY; while it is lost (it
 reconnects with a growing pause) the relay runs each beat, as it always does on SQLite.
@@ -18,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -30,7 +38,7 @@ from echomq import durable, scripts
 from echomq.admit import AdmitPlanner
 from echomq.config import QueueSettings
 from echomq.errors import FloorError
-from echomq.floor.engine import WRITE_OPTION
+from echomq.floor.engine import WRITE_OPTION, make_engine
 from echomq.floor.forkgate import GATE
 from echomq.floor.schema import outbox
 from echomq.outbox import CHANNEL
@@ -38,6 +46,19 @@ from echomq.tracing import producer_span
 
 log = logging.getLogger("echomq.relay")
 RELAY_BATCH = 500
+RELAY_CONNECT_TIMEOUT_S = 2
+RELAY_STATEMENT_TIMEOUT_MS = 5000
+RELAY_LOCK_TIMEOUT_MS = 2000  # a table lock (a migration) fails the batch before that bound
+_engines: dict[str, Engine] = {}  # the relay's own PostgreSQL pools, by URL
+_engines_lock = threading.Lock()
+
+
+def _driver_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import psycopg
+    except ImportError:
+        return ()
+    return (psycopg.Error,)
 
 
 class Relay:
@@ -50,15 +71,22 @@ class Relay:
         self.planner = AdmitPlanner(queue, QueueSettings())
         self.relayed = 0
         self.error = ""
+        self._select_sql: str | None = None  # PostgreSQL: BEGIN and the batch's SELECT
 
     def run(self, floor: Any = None, durable_dial: bool = False) -> int:
         """Relay batches until the queue's outbox is empty (or a batch fails: logged, the
         rows stay for the next call). Returns the jobs relayed."""
         total = 0
+        errors = (SQLAlchemyError, FloorError, redis.RedisError, OSError, StaleConnection,
+                  *_driver_errors())
+        retried = False
         while True:
             try:
                 n = self._batch(floor if durable_dial else None)
-            except (SQLAlchemyError, FloorError, redis.RedisError, OSError) as exc:
+            except errors as exc:
+                if isinstance(exc, StaleConnection) and not retried:
+                    retried = True  # a pooled connection the server had closed: a new one
+                    continue
                 if str(exc) != self.error:
                     log.warning("queue %s: outbox relay failed, retrying next beat: %s",
                                 self.queue, str(exc).splitlines()[0] if str(exc) else exc)
@@ -70,40 +98,141 @@ class Relay:
                 return total
 
     def _batch(self, floor: Any) -> int:
+        """One batch: its admit guards its rows a day, until their delete commits (the
+        rows of a batch that failed after its admit are read again when the database is
+        back, however late: their jobs are not admitted again, though one may have
+        finished and been dropped by retention meanwhile)."""
+        if self.engine.dialect.name == "postgresql" and self.engine.driver == "psycopg":
+            return self._batch_pg(floor)
+        return self._batch_sqlalchemy(floor)
+
+    def _batch_sqlalchemy(self, floor: Any) -> int:
+        """One batch through SQLAlchemy: SQLite, or PostgreSQL on another driver."""
+        postgresql = self.engine.dialect.name == "postgresql"
         stmt = (select(outbox.c.id, outbox.c.job_id, outbox.c.spec)
                 .where(outbox.c.queue == self.queue).order_by(outbox.c.id).limit(RELAY_BATCH))
-        if self.engine.dialect.name == "postgresql":
+        if postgresql:
             stmt = stmt.with_for_update(skip_locked=True)
         # SQLite: inside the fork gate, as the floor's own calls (no fork mid-transaction),
         # and BEGIN IMMEDIATE: the write lock is taken before the admit, so a lock held by
         # the application fails the batch before it admits anything, never at its DELETE
-        sqlite = self.engine.dialect.name == "sqlite"
-        gate = GATE.inside() if sqlite else nullcontext()
-        engine = self.engine.execution_options(**{WRITE_OPTION: True}) if sqlite else self.engine
+        gate = nullcontext() if postgresql else GATE.inside()
+        engine = self.engine if postgresql else \
+            self.engine.execution_options(**{WRITE_OPTION: True})
         with gate, engine.begin() as conn:
             rows = conn.execute(stmt).all()
             if not rows:
                 return 0
-            specs = []
-            for _, job_id, text in rows:
-                spec = json.loads(text)
-                specs.append((job_id, spec["args"], spec["due"]))
-            # a PRODUCER span of its own ("relay", the count): each job keeps the context
-            # of the add that wrote it, so its CONSUMER span links to that add's span
-            with producer_span(self.queue, "relay", len(specs)):
-                if floor is not None:  # the rows first: a floor that refuses admits nothing
-                    # the floor in the same SQLite file: written in this transaction, which
-                    # holds that file's write lock (another connection would wait for it)
-                    same = conn if sqlite and _same_file(floor.engine, self.engine) else None
-                    durable.write_before_admit(floor, self.planner.keys, specs, same)
-                scripts.execute(self.client, self.planner.calls(specs))
-                if floor is not None:
-                    durable.mark(self.client, self.planner.keys, [s[0] for s in specs])
+            # the floor in the same SQLite file: written in this transaction, which holds
+            # that file's write lock (another connection would wait for it)
+            same = conn if floor is not None and not postgresql and \
+                _same_file(floor.engine, self.engine) else None
+            relayed = self._admit(rows, floor, same)
             conn.execute(delete(outbox).where(outbox.c.id.in_([r[0] for r in rows])))
-        # after the rows' delete committed: a result() waiting on them goes on
-        durable.ring_relayed(self.client, self.planner.keys, [s[0] for s in specs])
-        self.relayed += len(rows)
-        return len(rows)
+        return self._relayed(relayed)
+
+    def _batch_pg(self, floor: Any) -> int:
+        """One batch on PostgreSQL: ``BEGIN`` and the ``SELECT`` in one round trip, the
+        admit, then the ``DELETE`` and ``COMMIT`` in another."""
+        engine = _relay_engine(self.engine)
+        if self._select_sql is None:
+            stmt = (select(outbox.c.id, outbox.c.job_id, outbox.c.spec)
+                    .where(outbox.c.queue == self.queue).order_by(outbox.c.id)
+                    .limit(RELAY_BATCH).with_for_update(skip_locked=True))
+            self._select_sql = "BEGIN; " + _literal(stmt, engine)
+        with engine.connect() as conn:
+            dbapi = conn.connection.driver_connection
+            try:
+                try:
+                    cursor = dbapi.execute(self._select_sql)  # type: ignore[union-attr]
+                except _driver_errors() as exc:
+                    if getattr(dbapi, "closed", False):  # dead before it was used
+                        conn.invalidate()
+                        engine.dispose()  # its siblings in the pool died with it, likely
+                        raise StaleConnection() from exc
+                    raise
+                cursor.nextset()
+                rows = cursor.fetchall()
+                if not rows:
+                    dbapi.execute("COMMIT")  # type: ignore[union-attr]
+                    return 0
+                relayed = self._admit(rows, floor, None)
+                ids = delete(outbox).where(outbox.c.id.in_([int(r[0]) for r in rows]))
+                dbapi.execute(_literal(ids, engine) + "; COMMIT")  # type: ignore[union-attr]
+            except BaseException:
+                conn.invalidate()  # closed: the server rolls back and the row locks go
+                raise
+        return self._relayed(relayed)
+
+    def _admit(self, rows: Sequence[Any], floor: Any, same: Any) -> list[tuple[str, str]]:
+        """Admit a batch's rows (under "durable", their floor rows first), guarded;
+        returns each row's job id and token."""
+        specs, tokens = [], []
+        for row_id, job_id, text in rows:
+            spec = json.loads(text)
+            specs.append((job_id, spec["args"], spec["due"]))
+            # a row an earlier version wrote has no token: its row id stands in
+            tokens.append(spec.get("t") or f"row{row_id}")
+        relayed = list(zip((s[0] for s in specs), tokens, strict=True))
+        # a PRODUCER span of its own ("relay", the count): each job keeps the context
+        # of the add that wrote it, so its CONSUMER span links to that add's span
+        with producer_span(self.queue, "relay", len(specs)):
+            if floor is not None:  # the rows first: a floor that refuses admits nothing
+                done = durable.relayed_rows(self.client, self.planner.keys, relayed)
+                durable.write_before_admit(
+                    floor, self.planner.keys, [s for s, d in zip(specs, done, strict=True)
+                                               if not d], same)
+            # guarded: a row a relay admitted before is not admitted again
+            scripts.execute(self.client, self.planner.calls(specs, durable.RELAY_HELD_MS,
+                                                            tokens))
+            if floor is not None:
+                durable.mark(self.client, self.planner.keys, [s[0] for s in specs])
+        return relayed
+
+    def _relayed(self, relayed: Sequence[tuple[str, str]]) -> int:
+        """After the rows' delete committed: their guards are no longer needed, and their
+        doorbells stay a minute for result() waiters (which went on at the admit)."""
+        durable.trim_relayed(self.client, self.planner.keys, relayed)
+        self.relayed += len(relayed)
+        return len(relayed)
+
+
+class StaleConnection(Exception):
+    """The relay's pooled connection was found closed at its first statement."""
+
+    def __str__(self) -> str:
+        return f"the outbox's database closed the relay's connection: {self.__cause__}"
+
+
+def _literal(stmt: Any, engine: Engine) -> str:
+    """A statement's SQL with its values written in (no parameters: PostgreSQL's simple
+    query protocol, which takes two statements in one round trip). The values are the
+    validated queue name, the batch size and integer row ids."""
+    return str(stmt.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+
+
+def close_relay_pools() -> None:
+    """Close the relay's own PostgreSQL connections (at the supervisor's exit)."""
+    with _engines_lock:
+        engines = list(_engines.values())
+        _engines.clear()
+    for engine in engines:
+        engine.dispose()
+
+
+def _relay_engine(engine: Engine) -> Engine:
+    """The relay's own pool on ``engine``'s PostgreSQL database, one per URL: autocommit
+    (the relay sends its own BEGIN) and no pre-ping."""
+    url = engine.url.render_as_string(hide_password=False)
+    with _engines_lock:
+        own = _engines.get(url)
+        if own is None:
+            own = _engines[url] = make_engine(
+                url, connect_timeout_s=RELAY_CONNECT_TIMEOUT_S,
+                statement_timeout_ms=RELAY_STATEMENT_TIMEOUT_MS,
+                lock_timeout_ms=RELAY_LOCK_TIMEOUT_MS, pre_ping=False,
+                autocommit=True)
+        return own
 
 
 class Listener:

@@ -80,7 +80,8 @@ def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
                 connect_timeout_s: int = PG_CONNECT_TIMEOUT_S,
                 statement_timeout_ms: int = PG_STATEMENT_TIMEOUT_MS,
                 lock_timeout_ms: int = PG_LOCK_TIMEOUT_MS,
-                tcp_user_timeout_ms: int = PG_TCP_USER_TIMEOUT_MS) -> Engine:
+                tcp_user_timeout_ms: int = PG_TCP_USER_TIMEOUT_MS,
+                pre_ping: bool = True, autocommit: bool = False) -> Engine:
     """Create the floor's engine for a SQLite or PostgreSQL URL.
 
     Every wait of one call is bounded: on SQLite the wait for a locked file
@@ -88,7 +89,10 @@ def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
     (``statement_timeout``), its wait for a row or table lock (``lock_timeout``)
     and an unanswering server (TCP keepalives and ``tcp_user_timeout``). A bound
     that fires raises, and the caller's error handling takes over. Settings
-    given in the URL's query win over these.
+    given in the URL's query win over these. On PostgreSQL, ``pre_ping`` tests a
+    pooled connection with a round trip at each checkout, and ``autocommit``
+    leaves transactions to the caller's own ``BEGIN`` (the outbox relay's, which
+    sends it with its first statement).
     """
     parsed = normalize_url(url)
     try:
@@ -99,7 +103,9 @@ def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
             return engine
         connect_args = _pg_connect_args(parsed, connect_timeout_s, statement_timeout_ms,
                                         lock_timeout_ms, tcp_user_timeout_ms)
-        return create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+        options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
+        return create_engine(parsed, pool_pre_ping=pre_ping, connect_args=connect_args,
+                             **options)
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise FloorError(f"cannot create floor engine for {redact_url(parsed)}: {exc}") from exc
 

@@ -4,9 +4,10 @@
   Idempotent per job id: an id whose hash already exists, or that is spilled
   (held by the floor alone), is left unchanged. An id still reserved by
   dedup_ms after its job completed (key "dedup:<id>", built inside) counts as
-  existing. A lane that goes from empty to non-empty joins the ring. Rings the
-  doorbell once when anything was admitted, unless the queue is paused (nothing
-  could claim it; resume rings instead).
+  existing; with the relay's guard, so does an outbox row a relay admitted before
+  (its doorbell exists; relayguard.lua). A lane that goes from empty to
+  non-empty joins the ring. Rings the doorbell once when anything was admitted,
+  unless the queue is paused (nothing could claim it; resume rings instead).
 
   Input:
     KEYS[1] ring     list of lanes with waiting jobs
@@ -21,11 +22,14 @@
     ARGV[3..] per job, 11 values: id, name, payload, lane, max_attempts, max_stalls, backoff,
               timeout_ms ('' for none), dedup_ms ('' for none), trace (a W3C traceparent or ''),
               priority ("0".."9")
+    ARGV[3 + n * 11] optional: the relay's guard, ms to keep each row's "relayed" doorbell,
+              then n values: each job's outbox token (relayguard.lua)
 
   Output:
     an array of n integers: 1 admitted, 0 already existed
 ]]
 --!include events
+--!include relayguard
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
@@ -33,6 +37,7 @@ local n = tonumber(ARGV[2])
 local out = {}
 local admitted = false
 local any_spilled = redis.call('EXISTS', KEYS[3]) == 1
+local guard = ARGV[3 + n * 11]
 -- consecutive jobs of one plain lane go onto it with one RPUSH (a bulk add is mostly such
 -- runs); a run is pushed before anything else is, so lanes join the ring in order
 local run_lane, run_ids = nil, {}
@@ -51,7 +56,9 @@ for i = 0, n - 1 do
   local b = 3 + i * 11
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
-  if redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0
+  local doorbell = relay_doorbell(guard, id, ARGV[4 + n * 11 + i])
+  local guarded = relayed_before(doorbell)
+  if guarded or redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0
       or (any_spilled and redis.call('SISMEMBER', KEYS[3], id) == 1) then
     out[i + 1] = 0
   else
@@ -79,6 +86,7 @@ for i = 0, n - 1 do
     admitted = true
     event('added', id, lane)
   end
+  ring_relayed(guard, doorbell, guarded)  -- after the id's admit is written
 end
 push_run()
 if admitted then

@@ -2,10 +2,10 @@
   schedule: write deferred jobs and add them to the schedule set by due time.
 
   Idempotent per job id, like admit (a spilled id, or one reserved by dedup_ms,
-  counts as taken). Due time is the server clock plus the
-  delay, or an absolute time when one is given. A relative due time keeps the
-  clock's microseconds in the score, so the job starts at its due time, not at
-  the next whole millisecond; the hash's due_ms (and the floor's copy) is that
+  counts as taken; with the relay's guard, so does an outbox row a relay admitted
+  before: relayguard.lua). Due time is the server clock plus the delay, or an absolute
+  time when one is given. A relative due time keeps the clock's microseconds in
+  the score, so the job starts at its due time, not at the next whole millisecond; the hash's due_ms (and the floor's copy) is that
   time rounded up, so a job restored from it never starts early. When the queue folds onto a
   floor (meta field "fold", a lease expiry in ms, not yet passed), each new id is appended to the fold log.
   Rings the doorbell only when a new job became the schedule's head, so a
@@ -24,6 +24,8 @@
               backoff, timeout_ms ('' for none), dedup_ms ('' for none),
               trace (a W3C traceparent or ''), priority ("0".."9", kept in the hash
               for promote), due (">=0": absolute ms; "-<d>": d ms from now)
+    ARGV[3 + n * 12] optional: the relay's guard, ms to keep each row's "relayed" doorbell,
+              then n values: each job's outbox token (relayguard.lua)
 
   Output:
     an array of n integers: 1 scheduled, 0 already existed;
@@ -31,6 +33,7 @@
     integer or would fall after 10^14 - 1 ms (it could not be stored as integer text)
 ]]
 --!include events
+--!include relayguard
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 -- the server clock in ms to the microsecond: a relative due time's score
@@ -38,6 +41,7 @@ local exact = t[1] * 1000 + t[2] / 1000
 local prefix = ARGV[1]
 local n = tonumber(ARGV[2])
 local max_due = 99999999999999
+local guard = ARGV[3 + n * 12]
 for i = 0, n - 1 do
   local raw = ARGV[3 + i * 12 + 11]
   local due = tonumber(raw)
@@ -56,7 +60,9 @@ for i = 0, n - 1 do
   local b = 3 + i * 12
   local id = ARGV[b]
   local jk = prefix .. 'job:' .. id
-  if redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0
+  local doorbell = relay_doorbell(guard, id, ARGV[4 + n * 12 + i])
+  local guarded = relayed_before(doorbell)
+  if guarded or redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0
       or redis.call('SISMEMBER', KEYS[5], id) == 1 then
     out[i + 1] = 0
   else
@@ -83,6 +89,7 @@ for i = 0, n - 1 do
     out[i + 1] = 1
     event('added', id, ARGV[b + 3], nil, due_ms)
   end
+  ring_relayed(guard, doorbell, guarded)  -- after the id's admit is written
 end
 if new_head then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then

@@ -68,6 +68,17 @@ def outbox_rows(project: Project) -> int:
         engine.dispose()
 
 
+def outbox_tokens(project: Project) -> dict[str, str]:
+    """The project's outbox rows' tokens by job id (the project's process wrote them)."""
+    engine = engine_of(project)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT job_id, spec FROM emq_outbox")).all()
+    finally:
+        engine.dispose()
+    return {job_id: json.loads(spec)["t"] for job_id, spec in rows}
+
+
 def admitted(project: Project, redis_url: str, job_ids: list[str]) -> dict[str, object]:
     """Relay the project's committed outbox rows; each job's result (PostgreSQL: a real
     supervisor, woken by NOTIFY, relays and runs them) or state (SQLite: the relay called
@@ -82,7 +93,7 @@ def admitted(project: Project, redis_url: str, job_ids: list[str]) -> dict[str, 
         return {jid: getattr(q.get(jid), "state", None) for jid in job_ids}
     proc = start_supervisor(project, "--processes", "1")
     try:
-        durable.note_outboxed(job_ids)  # result() waits across the relay
+        durable.note_outboxed(outbox_tokens(project))  # result() waits across the relay
         return {jid: q.result(jid, timeout=60) for jid in job_ids}
     finally:
         stop(proc)

@@ -123,6 +123,7 @@ def test_durable_relay_with_the_floor_refusing_admits_nothing(
     holder.execute("BEGIN IMMEDIATE")  # the floor takes no writes
     try:
         assert relay.run(refusing, durable_dial=True) == 0
+        assert q.get(jid) is None  # not admitted: its floor row comes first
         echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
     finally:
         holder.rollback()

@@ -152,8 +152,13 @@ def test_outbox_rows_are_relayed_by_the_supervisor(private_redis: LocalRedis,
         raise RuntimeError("rollback")
     assert q.result(committed, timeout=30) == "ok"
     assert q.get(rolled_back) is None
-    with engine.connect() as conn:
-        assert conn.scalar(sa.text("SELECT count(*) FROM emq_outbox")) == 0
+
+    def rows() -> int:
+        with engine.connect() as conn:
+            return int(conn.scalar(sa.text("SELECT count(*) FROM emq_outbox")))
+
+    # the result wakes at the admit, a round trip before the relay's delete commits
+    wait_until(lambda: rows() == 0, 10, "the relayed row deleted")
     assert sup.proc.poll() is None
     engine.dispose()
 

@@ -1,0 +1,229 @@
+"""The outbox relay's guard (lua/relayguard.lua): a batch read again after its delete
+failed admits none of its rows twice, while a later row of the same job id is a new add.
+Real SQLite files, real PostgreSQL, a real Valkey; a relay killed is a real process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+import sqlalchemy as sa
+from echomq.supervisor.drills.localredis import LocalRedis
+from echomq.supervisor.relay import Relay
+from echomq.supervisor.scheduler import Scheduler
+
+import echomq
+from echomq.floor import Floor
+
+_REFUSE_DELETE = {
+    "sqlite": ["CREATE TRIGGER emq_refuse BEFORE DELETE ON emq_outbox "
+               "BEGIN SELECT RAISE(ABORT, 'the commit is lost'); END"],
+    "postgresql": [
+        "CREATE FUNCTION emq_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'the commit is lost'; END $$",
+        "CREATE TRIGGER emq_refuse BEFORE DELETE ON emq_outbox "
+        "FOR EACH ROW EXECUTE FUNCTION emq_refuse()"],
+}
+_HOLD_DELETE = [  # PostgreSQL: the relay's DELETE waits, its admit done
+    "CREATE FUNCTION emq_hold() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$ BEGIN PERFORM pg_sleep(600); RETURN OLD; END $$",
+    "CREATE TRIGGER emq_hold BEFORE DELETE ON emq_outbox "
+    "FOR EACH ROW EXECUTE FUNCTION emq_hold()"]
+
+
+def _backend(floor_url: str) -> str:
+    return "sqlite" if floor_url.startswith("sqlite") else "postgresql"
+
+
+def _drop_trigger(floor: Floor, name: str) -> None:
+    on = " ON emq_outbox" if floor.engine.dialect.name == "postgresql" else ""
+    with floor.engine.begin() as conn:
+        conn.execute(sa.text(f"DROP TRIGGER {name}{on}"))
+
+
+def _run_until(consumer: echomq.Consumer, ran: list[str], count: int) -> None:
+    """Burst until ``count`` jobs ran (a burst promotes what is due first: a deferred job
+    runs in the burst after it is due)."""
+    deadline = time.monotonic() + 10
+    while len(ran) < count:
+        assert time.monotonic() < deadline, f"only {len(ran)} of {count} job(s) ran"
+        consumer.run(burst=True)
+
+
+def _guard_ttls(client: redis.Redis, queue: str, job_id: str) -> list[int]:
+    return [client.pttl(k) for k in client.scan_iter(f"emq:{{{queue}}}:relayed:{job_id}:*")]
+
+
+@pytest.mark.parametrize("delayed", [False, True], ids=["now", "deferred"])
+def test_a_relay_whose_delete_fails_after_its_admit_runs_no_job_twice(
+        floor: Floor, floor_url: str, server: LocalRedis, delayed: bool) -> None:
+    """The relay admits a batch, then its DELETE fails: the rows stay and the next relay
+    reads them again. A job that completed meanwhile, its hash dropped at once by its
+    retention (keep_completed=0), must not be admitted and run a second time."""
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("obg", redis=client, keep_completed=0)
+    with floor.engine.begin() as conn:
+        jid = q.add("x", {}, tx=conn, delay=0.05 if delayed else None)
+    with floor.engine.begin() as conn:
+        for sql in _REFUSE_DELETE[_backend(floor_url)]:
+            conn.execute(sa.text(sql))
+    relay = Relay("obg", client, floor.engine)
+    assert relay.run() == 0 and "the commit is lost" in relay.error  # admitted, row kept
+    # the guard is held a day, not a minute: the database may come back much later
+    [ttl] = _guard_ttls(client, "obg", jid)
+    assert ttl > 3600_000
+    ran: list[str] = []
+    consumer = echomq.Consumer(q, lambda job: ran.append(job.id))
+    _run_until(consumer, ran, 1)
+    assert q.get(jid) is None  # retention dropped the completed job's hash
+    _drop_trigger(floor, "emq_refuse")
+    assert relay.run() == 1  # the row is read again and deleted
+    with floor.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM emq_outbox")).scalar() == 0
+    consumer.run(burst=True)
+    assert ran == [jid]
+    # its delete committed: the guard goes back to the minute a result() waiter needs
+    [ttl] = _guard_ttls(client, "obg", jid)
+    assert 0 < ttl <= 60_000
+
+
+def test_an_outbox_job_added_again_after_it_finished_runs_again(
+        floor: Floor, server: LocalRedis) -> None:
+    """The same job id written to the outbox again once its first run finished and its
+    hash was dropped is a new add: relayed and run, and its result() waits for the
+    relay rather than taking the first row's doorbell for its own."""
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("oba", redis=client, keep_completed=0)
+    relay = Relay("oba", client, floor.engine)
+    ran: list[str] = []
+    consumer = echomq.Consumer(q, lambda job: ran.append(job.id))
+    for n in (1, 2):
+        with floor.engine.begin() as conn:
+            assert q.add("x", {}, job_id="same", tx=conn) == "same"
+        if n == 2:  # not relayed yet: result() waits for the relay of this add
+            with pytest.raises(TimeoutError, match="not relayed"):
+                q.result("same", timeout=0.3)
+        assert relay.run() == 1
+        _run_until(consumer, ran, n)
+        assert q.get("same") is None
+    assert ran == ["same", "same"]
+
+
+def test_an_outbox_job_added_twice_while_it_waits_is_admitted_once(
+        floor: Floor, server: LocalRedis) -> None:
+    """Two rows of one job id relayed while the first is still waiting: the id is taken,
+    so the second add is a no-op, as a second q.add of a waiting id is."""
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("obt", redis=client)
+    with floor.engine.begin() as conn:
+        q.add("x", {"n": 1}, job_id="twice", tx=conn)
+        q.add("x", {"n": 2}, job_id="twice", tx=conn)
+    assert Relay("obt", client, floor.engine).run() == 2
+    ran: list[object] = []
+    echomq.Consumer(q, lambda job: ran.append(job.payload)).run(burst=True)
+    assert ran == [{"n": 1}]
+
+
+def test_a_relay_killed_between_its_admit_and_its_delete_runs_no_job_twice(
+        pg_floor: Floor, pg_url: str, server: LocalRedis) -> None:
+    """A relay process killed while its DELETE runs, after its admit: nothing of it
+    extends the guard, so the admit itself must write the guard to last until the rows'
+    delete commits, however late the next relay reads them again."""
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("obk", redis=client, keep_completed=0)
+    with pg_floor.engine.begin() as conn:
+        jid = q.add("x", {}, tx=conn)
+        for sql in _HOLD_DELETE:
+            conn.execute(sa.text(sql))
+    code = ("import redis, sys\n"
+            "from echomq.supervisor.relay import Relay\n"
+            "from echomq.floor.engine import make_engine\n"
+            "Relay('obk', redis.Redis.from_url(sys.argv[1]), make_engine(sys.argv[2])).run()\n")
+    relay = subprocess.Popen([sys.executable, "-c", code, server.url, pg_url],
+                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    held = ("SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+            "AND datname = current_database()")
+    try:
+        deadline = time.monotonic() + 30
+        with pg_floor.engine.connect() as conn:
+            while not conn.execute(sa.text(held)).all():  # the DELETE waits, admit done
+                assert time.monotonic() < deadline, "the relay's DELETE never began"
+                assert relay.poll() is None, "the relay ended"
+                conn.rollback()  # a transaction reads one snapshot of pg_stat_activity
+                time.sleep(0.05)  # pg_stat_activity has no event to wait on
+            assert q.get(jid) is not None
+            relay.send_signal(signal.SIGKILL)
+            relay.wait(10)
+            conn.execute(sa.text(f"SELECT pg_terminate_backend(pid) FROM ({held}) AS h"))
+            conn.commit()
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.wait(10)
+    [ttl] = _guard_ttls(client, "obk", jid)
+    assert ttl > 3600_000
+    ran: list[str] = []
+    consumer = echomq.Consumer(q, lambda job: ran.append(job.id))
+    _run_until(consumer, ran, 1)
+    assert q.get(jid) is None  # completed and dropped before the rows are read again
+    _drop_trigger(pg_floor, "emq_hold")
+    assert Relay("obk", client, pg_floor.engine).run() == 1
+    consumer.run(burst=True)
+    assert ran == [jid]
+
+
+def test_durable_relay_reading_a_failed_batch_again_leaves_no_row_of_a_finished_job(
+        floor: Floor, floor_url: str, server: LocalRedis) -> None:
+    """Under "durable" the relay writes a batch's floor rows before its admit. A batch
+    read again after its delete failed must not write the row of a job that finished
+    meanwhile (its row closed): an open row of a finished job is run again when Valkey
+    loses its data."""
+    client = redis.Redis.from_url(server.url)
+    scheduler = Scheduler("obd", client, floor, beat_ms=100, horizon_s=3600)
+    scheduler.tick(0.0)  # leads
+    q = echomq.Queue("obd", redis=client, keep_completed=0)
+    with floor.engine.begin() as conn:
+        jid = q.add("x", {}, tx=conn)
+        for sql in _REFUSE_DELETE[_backend(floor_url)]:
+            conn.execute(sa.text(sql))
+    relay = Relay("obd", client, floor.engine)
+    assert relay.run(floor, durable_dial=True) == 0 and "the commit is lost" in relay.error
+    # on PostgreSQL its floor row committed on its own; a SQLite floor in the outbox's file
+    # was written in the relay's transaction, rolled back with it
+    assert [r.job_id for r in floor.open_rows("obd", None, 10)] == (
+        [jid] if _backend(floor_url) == "postgresql" else [])
+    ran: list[str] = []
+    echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+    assert ran == [jid]
+    scheduler.next_tick = 0.0
+    scheduler.tick(1.0)  # the completion closes its row
+    assert floor.open_rows("obd", None, 10) == []
+    _drop_trigger(floor, "emq_refuse")
+    assert relay.run(floor, durable_dial=True) == 1
+    assert floor.open_rows("obd", None, 10) == []
+    with floor.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM emq_outbox")).scalar() == 0
+
+
+def test_durable_relay_reading_a_failed_batch_again_writes_the_row_of_a_waiting_job(
+        floor: Floor, floor_url: str, server: LocalRedis) -> None:
+    """A batch read again after its delete failed, its job still waiting: the job's floor
+    row is written (a SQLite floor in the outbox's file lost the first write with the
+    failed transaction), so a Valkey loss now loses nothing."""
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("obw", redis=client)
+    with floor.engine.begin() as conn:
+        jid = q.add("x", {}, tx=conn)
+        for sql in _REFUSE_DELETE[_backend(floor_url)]:
+            conn.execute(sa.text(sql))
+    relay = Relay("obw", client, floor.engine)
+    assert relay.run(floor, durable_dial=True) == 0 and "the commit is lost" in relay.error
+    _drop_trigger(floor, "emq_refuse")
+    assert relay.run(floor, durable_dial=True) == 1
+    assert [r.job_id for r in floor.open_rows("obw", None, 10)] == [jid]
+    assert q.counts()["waiting"] == 1  # admitted once
