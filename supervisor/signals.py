@@ -4,15 +4,21 @@
 socketpair that sits in the main loop's selector; the loop reads the numbers
 and acts. The Python-level handlers are empty: they exist only so the
 signals no longer kill the process.
+
+SIGUSR2 prints the stack of every thread to stderr (``faulthandler``, in C: it works
+while the process is stuck in a call), in the supervisor and in each consumer, which
+inherit it across the fork: ``kill -USR2 <pid>`` tells where a process waits.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 import socket
 from types import FrameType
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1)
+DUMP_STACKS = signal.SIGUSR2
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
@@ -29,6 +35,7 @@ class SignalPipe:
         self.previous_fd = signal.set_wakeup_fd(self.writer.fileno(), warn_on_full_buffer=False)
         for sig in HANDLED:
             signal.signal(sig, _record)
+        faulthandler.register(DUMP_STACKS, all_threads=True)
 
     def fileno(self) -> int:
         """The read end the selector waits on."""
@@ -51,6 +58,7 @@ class SignalPipe:
         signal.set_wakeup_fd(self.previous_fd)
         for sig in HANDLED:
             signal.signal(sig, signal.SIG_DFL)
+        faulthandler.unregister(DUMP_STACKS)
         self.reader.close()
         self.writer.close()
 

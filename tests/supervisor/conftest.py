@@ -79,7 +79,11 @@ class Supervisor:
         self.proc.send_signal(sig)
 
     def wait(self, timeout: float = 30.0) -> int:
-        code = self.proc.wait(timeout)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the supervisor did not exit within {timeout}s; its log, "
+                                 f"then every thread's stack:\n{self.stacks()}") from None
         self.reader.join(5)
         return code
 
@@ -91,6 +95,28 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+    def stacks(self) -> str:
+        """The log's tail after SIGUSR2 to the supervisor and its consumers: each prints
+        every thread's stack (supervisor/signals.py), for a failure to show where they
+        wait."""
+        import psutil
+
+        pids = [self.proc.pid]
+        try:
+            pids += [c.pid for c in psutil.Process(self.proc.pid).children()]
+        except psutil.NoSuchProcess:
+            pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
+        try:
+            self.wait_for_log(r"^Current thread 0x", len(pids), timeout=5)
+        except AssertionError:
+            pass
+        return "\n".join(self.lines[-300:])
 
     @property
     def log(self) -> str:

@@ -327,6 +327,28 @@ def test_sighup_rolls_every_consumer(supervisor: Start, redis_url: str, queue_na
     assert r.llen(f"ledger:{queue_name}:started") == 1  # finished, not killed and rerun
 
 
+def test_sigusr2_prints_every_thread_s_stack_and_changes_nothing(
+        supervisor: Start, redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    """SIGUSR2 to the supervisor, and to a consumer in the middle of a job: each prints
+    its threads' stacks (the consumer's shows the handler it is in) and goes on."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    sup = supervisor(redis_url, queue_name, "--processes", "1").started(1)
+    job_id = q.add("x", {"gate": True})
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:started") == 1, 10, "the job to start")
+    [child] = _children(sup)
+    sup.signal(signal.SIGUSR2)
+    sup.wait_for_log(r"^Current thread 0x")  # one per process
+    assert any("arbiter.py" in line for line in sup.lines), sup.log
+    psutil.Process(child).send_signal(signal.SIGUSR2)
+    sup.wait_for_log(r"^Current thread 0x", 2)
+    sup.wait_for_log(r'sup_jobs\.py", line \d+ in record')  # the job's frame
+    r.rpush(f"ledger:{queue_name}:gate", 1)
+    wait_until(lambda: _ran(r, queue_name)[job_id] == 1, 10, "the job to finish")
+    assert _children(sup) == [child] and sup.proc.poll() is None  # both went on
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(20) == 0
+
+
 def test_sync_dial_writes_a_retry_to_the_floor_at_once(
         supervisor: Start, redis_url: str, queue_name: str, tmp_path: object) -> None:
     import subprocess
