@@ -69,6 +69,16 @@ def redis_url() -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_failure_log_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with the failure logs' rate limit full (echomq.failures keeps one
+    per process): a test that counts failure lines must not find them suppressed for the
+    failures of the tests before it in the same worker."""
+    from echomq import failures
+
+    monkeypatch.setattr(failures, "_bucket", failures.Bucket())
+
+
 @pytest.fixture
 def r(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
