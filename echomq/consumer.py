@@ -299,7 +299,6 @@ class Consumer:
         batch = self.settings.pump_batch
         total = 0
         while True:
-            sent = time.monotonic()
             promoted, next_due, server_now = scripts.promote(self.queue.redis, self.queue.keys,
                                                              batch)
             total += promoted
@@ -308,8 +307,10 @@ class Consumer:
         # with nothing scheduled, the BLPOP's own timeout ends the park and marks the beat;
         # the local timer is only for a schedule head due before that
         wait = beat_s + 1.0 if next_due < 0 else (next_due - server_now) / 1000
-        # the server read its clock about halfway through the round trip
-        self._server_offset_ms = server_now - (sent + time.monotonic()) * 500
+        # the server read its clock somewhere in the round trip: taken as read at its end,
+        # a timer aimed by this offset is never early (at most half a round trip late); a
+        # timer fired early finds the head not due and costs a second promote
+        self._server_offset_ms = server_now - time.monotonic() * 1000
         self._schedule_head_ms = next_due if next_due >= 0 else None
         return time.monotonic() + max(0.0, wait), total > 0
 

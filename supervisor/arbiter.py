@@ -231,6 +231,8 @@ class Arbiter:
             deadlines += [rt.scheduler.deadline() for rt in self.queues.values()
                           if rt.scheduler is not None]
             deadlines += self.expiry.deadlines()
+            deadlines += [d for rt in self.queues.values()
+                          if (d := self.doorbells.holder_deadline(rt)) is not None]
         deadlines += self.leases.deadlines()
         if self.drain_deadline is not None:
             deadlines.append(self.drain_deadline)
@@ -268,9 +270,11 @@ class Arbiter:
                   signal=name)
             self._halt()
         elif not self.stopping:
+            self._begin_drain()
+            # said once every child has its STOP: whatever a child does after the line,
+            # it does stopping (no buffered or newly claimed job starts)
             event(log, "drain", "%s: draining (up to %.1fs)", name,
                   self.settings.drain_timeout, signal=name)
-            self._begin_drain()
 
     def _begin_drain(self) -> None:
         """The first rung of the ladder: stop arming and poking, tell every child to stop."""
@@ -347,6 +351,7 @@ class Arbiter:
                         now >= slot.respawn_at and rt.healthy:
                     self.children.spawn(rt, slot)
             self._pump(rt, now)
+            self.doorbells.watch_holder(rt, now)
             if rt.scheduler is not None and now >= rt.scheduler.deadline():
                 try:
                     rt.scheduler.tick(now)
@@ -371,13 +376,18 @@ class Arbiter:
 
                 def tell() -> bool:
                     nonlocal told
-                    told = self.doorbells.poke_idle(rt)
+                    # not a child parked on the doorbell: the promote rings it, once written
+                    told = self.doorbells.poke_idle(rt, ring_holder=False)
                     return told is not None
 
                 # a schedule head fell due: a child is told once the promote is written,
                 # so its claim follows the promote instead of waiting for its reply
-                found = rt.metronome.pump(now, disarmed=not parked,
-                                          tell=tell if rt.metronome.head_due(now) else None)
+                # (not when a child parked on the doorbell is the only one idle: the promote
+                # rings it from the server, as soon as it runs)
+                pokeable = any(c.state == "idle" and c is not rt.bell_holder
+                               for c in rt.children)
+                found = rt.metronome.pump(now, disarmed=not parked, tell=tell if (
+                    pokeable and rt.metronome.head_due(now)) else None)
         except UNAVAILABLE_ERRORS as exc:
             self.queue_down(rt, now, exc)
             return
@@ -389,8 +399,8 @@ class Arbiter:
             told.told_ahead = True  # see the IDLE it sends
             rt.work_seen = now
             rt.metronome.saw_work(now)
-        elif found:
-            self.doorbells.found_work(rt, now)
+        elif found:  # promote and reap ring the doorbell when they make work claimable
+            self.doorbells.found_work(rt, now, rang=True)
 
     # --- health ---------------------------------------------------------------------------
 

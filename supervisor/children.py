@@ -70,6 +70,9 @@ class Child:
     respawn_now: bool = False  # a recycle or a roll: its exit is not a crash
     boot_failure: str | None = None  # what it said with BOOTFAIL: respawning would not help
     boot_ended: bool = False  # SIGKILLed for not getting ready within the boot timeout
+    can_park: bool = False  # it said READY park: the doorbell can be handed to it
+    park_after: float = 0.0  # not handed the doorbell before (silent while it held it)
+    parked_seen: float = 0.0  # when it was handed the doorbell, or last said it still parks
     jobs: int = 0
 
     def send(self, message: bytes) -> bool:
@@ -235,6 +238,9 @@ class Children:
             if line.startswith(protocol.OBS):
                 self.house.observed.merge(child.queue, line)
             elif line.startswith(protocol.IDLE):
+                child.park_after = 0.0  # alive: it may be handed the doorbell again
+                if rt.bell_holder is child:  # a B it read beside a poke was dropped
+                    rt.bell_holder = None
                 parts = line.split()
                 jobs = int(parts[1]) if len(parts) > 1 else 0
                 rt.claim_jobs += jobs
@@ -255,8 +261,11 @@ class Children:
                     self.house.doorbells.poke(rt, child)  # work may have come after its last claim
             elif line.startswith((protocol.REFUSED, protocol.BOOTFAIL)):
                 self._on_trouble(rt, child, line)
-            elif line == protocol.READY and child.state == "starting":
+            elif line.startswith((protocol.RUNG, protocol.UNPARKED, protocol.PARKED)):
+                self.house.doorbells.heard_from_holder(rt, child, line)
+            elif line.split()[:1] == [protocol.READY] and child.state == "starting":
                 child.state = "idle"
+                child.can_park = line.split()[1:] == [protocol.PARKS]
                 if not self.house.stopping:
                     self.house.doorbells.poke(rt, child)
 
@@ -300,6 +309,10 @@ class Children:
         self.unregister(child)
         child.sock.close()
         slot.child = None
+        if rt.bell_holder is child:  # it died parked on the doorbell
+            rt.bell_holder = None
+            if not self.house.stopping and rt.healthy:
+                self.house.doorbells.take_back(rt)  # a ring its call took, never acted on
         settled_some = child.holdings.dropped() > 0  # got work done: not a crash loop
         released, stalled, landed = self.house.releases.release_child(rt, child)
         # a settle written behind a claim lands before its reply is read: the child died

@@ -21,6 +21,7 @@ from echomq.supervisor.logs import event
 from echomq.supervisor.signals import sever
 
 from echomq.connection import UNAVAILABLE_ERRORS
+from echomq.wake import BLOCK_GRACE_S
 from echomq.wake import ring as ring_doorbell
 
 if TYPE_CHECKING:
@@ -44,20 +45,105 @@ class Doorbells:
         if child.send(protocol.POKE):
             child.state = "busy"
             child.poked_at = time.monotonic()
+            if rt.bell_holder is child:  # the poke ends its park (it puts back what it took)
+                rt.bell_holder = None
             return True
         return False
 
-    def poke_idle(self, rt: QueueRuntime) -> Child | None:
+    def hand_bell(self, rt: QueueRuntime) -> bool:
+        """Hand the queue's doorbell to an idle child that can park on it itself, so a
+        ring wakes the process that claims (one wake-up less: no read of the ring here,
+        no poke over the pipe). False when none could take it; the metronome parks then."""
+        now = time.monotonic()
+        if now < rt.park_after:
+            return False
+        for child in sorted((c for c in rt.children if c.state == "idle" and c.can_park
+                             and c.park_after <= now), key=lambda c: c.poked_at):
+            if child.send(protocol.BELL):
+                rt.bell_holder = child
+                child.parked_seen = now
+                self.unregister(rt)  # nothing outstanding on the metronome's own socket
+                return True
+        return False
+
+    def holder_deadline(self, rt: QueueRuntime) -> float | None:
+        """When the child parked on the doorbell counts as silent (frozen, swapped out):
+        two of its calls' blocks and a grace after its last word."""
+        holder = rt.bell_holder
+        if holder is None:
+            return None
+        return holder.parked_seen + 2 * rt.metronome.doorbell.beat_s + BLOCK_GRACE_S
+
+    def watch_holder(self, rt: QueueRuntime, now: float) -> None:
+        """Take the doorbell back from a parked child silent past its deadline: nothing
+        else would wake the queue while it holds the doorbell. Its calls' blocks have run
+        out by then (it cannot take another ring); one it took meanwhile is rung again."""
+        deadline = self.holder_deadline(rt)
+        if deadline is None or now < deadline:
+            return
+        holder = rt.bell_holder
+        assert holder is not None
+        event(log, "doorbell-holder-silent", "queue %s: consumer %d parked on the doorbell "
+              "said nothing for %.1fs; the supervisor parks instead", rt.spec.name,
+              holder.pid, now - holder.parked_seen, level=logging.WARNING, queue=rt.spec.name,
+              pid=holder.pid)
+        rt.bell_holder = None
+        holder.park_after = float("inf")  # until it speaks again (its IDLE)
+        self.take_back(rt)
+
+    def take_back(self, rt: QueueRuntime) -> None:
+        """The doorbell is the metronome's again after a holder may have taken a ring and
+        not acted on it (it died, froze, or its call failed): ring once, and promote at the
+        next pump, for a schedule head's marker that call may have taken unsaid."""
+        self.ring(rt)
+
+    def heard_from_holder(self, rt: QueueRuntime, child: Child, line: str) -> None:
+        """A parked child's RUNG or UNPARKED line."""
+        parts = line.split()
+        now = time.monotonic()
+        if rt.bell_holder is not child and (parts[0] == protocol.PARKED or
+                                            parts[1:2] == ["d"]):
+            # parked without the doorbell (thawed after it was taken back): a poke ends it,
+            # unless one is on its way already
+            self.poke(rt, child)
+        elif parts[0] == protocol.PARKED or parts[1:2] == ["d"]:
+            child.parked_seen = now
+        released = parts[0] == protocol.UNPARKED or parts[1:2] == ["w"]
+        if released and rt.bell_holder is child:
+            rt.bell_holder = None  # the doorbell is the metronome's again
+        if parts[0] == protocol.UNPARKED:
+            # the metronome parks for a beat: its own call finds out whether the server is
+            # down (the outage's probe and backoff), or only that child's connection failed;
+            # a ring its failed call took with the reply lost is rung again
+            rt.park_after = now + rt.metronome.beat_s
+        if parts[0] != protocol.RUNG:
+            return
+        if len(parts) > 2 and parts[1] == "d":
+            rt.metronome.heard(False, float(parts[2]))
+            return
+        rt.metronome.heard(True, None)
+        rt.metronome.saw_work(time.monotonic())
+        if child.state == "idle":  # it claims now; its IDLE follows
+            child.state = "busy"
+            child.poked_at = time.monotonic()
+
+    def poke_idle(self, rt: QueueRuntime, ring_holder: bool = True) -> Child | None:
         """Poke one idle child: its first claim rings again while work remains, and the
         next ring pokes the next child, so one job wakes one process and a burst all. A
         child that cannot be told (it died idle, its exit not yet read) passes the poke to
-        the next one. Returns the child poked, None when none could be."""
+        the next one. Returns the child poked, None when none could be. A child parked on
+        the doorbell is not poked (that would end its park): when it is the only idle one
+        it is woken through the doorbell instead, rung here unless ``ring_holder`` is False
+        (the caller's own script rings it)."""
         if self.house.stopping:
             return None
-        for child in sorted((c for c in rt.children if c.state == "idle"),
+        for child in sorted((c for c in rt.children
+                             if c.state == "idle" and c is not rt.bell_holder),
                             key=lambda c: c.poked_at):
             if self.poke(rt, child):
                 return child
+        if ring_holder and rt.bell_holder is not None:
+            self.ring(rt)
         return None
 
     def on_ring(self, rt: QueueRuntime) -> None:
@@ -79,11 +165,13 @@ class Doorbells:
         except UNAVAILABLE_ERRORS as exc:  # every idle child is poked when it comes back
             self.house.queue_down(rt, time.monotonic(), exc)
 
-    def found_work(self, rt: QueueRuntime, now: float) -> None:
-        """Work was seen (a ring, a promote, a hand-back): note it and poke one idle child."""
+    def found_work(self, rt: QueueRuntime, now: float, rang: bool = False) -> None:
+        """Work was seen (a ring, a promote, a hand-back): note it and poke one idle child
+        (``rang``: the script that found it rang the doorbell, which wakes a child parked
+        on it)."""
         rt.work_seen = now
         rt.metronome.saw_work(now)
-        self.poke_idle(rt)
+        self.poke_idle(rt, ring_holder=not rang)
 
     def arm_all(self, now: float) -> None:
         """Keep each queue's BLPOP outstanding while any of its children could take work."""
@@ -103,6 +191,10 @@ class Doorbells:
             return False
         anyone_idle = any(c.state in ("idle", "starting") for c in rt.children)
         if not anyone_idle or not rt.healthy:
+            return False
+        if rt.bell_holder is not None:
+            return False  # a child is parked on the doorbell: one blocking call per queue
+        if not bell.armed and self.hand_bell(rt):
             return False
         if bell.overdue() and not bell.buffered():
             # no reply long past the block: the connection died without a word (a host

@@ -74,17 +74,23 @@ class Metronome:
         timer to the new head without a read.
         """
         rung = self.doorbell.collect()
-        due = self.doorbell.take_due()
+        self.heard(rung, self.doorbell.take_due())
+        # a quiet beat needs no pump: the local timers already say when heads fall due
+        return rung
+
+    def heard(self, rung: bool, due: float | None) -> None:
+        """A ring the doorbell took, here or in a child parked on it: claimable work
+        (``rung``), or a schedule head due at ``due`` (server ms)."""
         if due is not None:
             self.rings += 1
             self.next_promote = min(self.next_promote, self._local_time(due))
             self.head_ms = due if self.head_ms is None else min(self.head_ms, due)
+            bell = self.doorbell  # the head to put back when the metronome stops
+            bell.next_due_ms = due if bell.next_due_ms is None else min(bell.next_due_ms, due)
         elif rung:
             self.rings += 1
             if self.doorbell.kind == "list":
                 self.next_promote = 0.0
-        # a quiet beat needs no pump: the local timers already say when heads fall due
-        return rung
 
     def _local_time(self, due_ms: float) -> float:
         """A server-clock due time on the monotonic clock (now, when no offset is known)."""

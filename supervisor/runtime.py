@@ -27,6 +27,8 @@ class QueueRuntime:
     slots: list[Slot]
     availability: Availability
     work_seen: float = 0.0
+    bell_holder: Any = None  # the child parked on the doorbell in the metronome's stead
+    park_after: float = 0.0  # no child is handed the doorbell before (a park failed)
     claim_jobs: int = 0
     claim_wait_us: int = 0
     restarts: int = 0

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from echomq.supervisor import protocol
 from echomq.supervisor.holdings import Holdings
+from echomq.supervisor.metronome import PARK_BEATS
 from echomq.supervisor.observations import Observations
 
 from echomq import scripts
@@ -37,6 +38,7 @@ from echomq.lanes import Lanes, Outcome
 from echomq.middleware import build
 from echomq.runner import Runner
 from echomq.scripts import Settled
+from echomq.wake import BLOCK_GRACE_S, Doorbell, ring
 
 log = logging.getLogger("echomq.worker")
 MAX_SETTLE_WAIT_S = 2.0
@@ -80,6 +82,8 @@ class Worker:
         if settings.concurrency > 1 or self.runner.has_async():
             self.pool = ConcurrentDrain(self.lanes, self.runner, self, settings.concurrency)
         self.parent_gone = False
+        self.doorbell: Doorbell | None = None  # parked on while the parent hands it over
+        self.took_ring = False  # the last park ended with a ring its call took
         self.parent_pid = os.getppid()  # the supervisor: another parent means it died
         self.claimed_at = 0.0
         self.floor: Any = None
@@ -109,16 +113,19 @@ class Worker:
 
     def serve(self) -> int:
         """Run until told to stop; returns the exit code."""
-        self._send(protocol.READY.encode() + b"\n")
+        # one job at a time in this process: it can park on the doorbell itself (B)
+        ready = protocol.READY if self.pool is not None else f"{protocol.READY} {protocol.PARKS}"
+        self._send(ready.encode() + b"\n")
         if self.pool is not None:
             return self._serve_pool(self.pool)
         while True:
-            try:
-                data = self.sock.recv(64)
-            except InterruptedError:
-                data = b"P"
-            except ConnectionError:
-                data = b""  # the parent is gone: leave like at EOF, without a traceback
+            data = self._read_pipe()
+            if protocol.BELL in data and not (protocol.POKE in data or protocol.STOP in data
+                                              or self.stopping):
+                parked = self._park()
+                if parked is None:
+                    continue
+                data = parked
             if not data or protocol.STOP in data or self.stopping:
                 return self._settle_then_exit(parent_gone=not data)
             if protocol.POKE in data:
@@ -131,6 +138,70 @@ class Worker:
                 return self._settle_then_exit(parent_gone=self.parent_gone)
             if self.max_jobs is not None and self.jobs_run >= self.max_jobs:
                 return protocol.EXIT_RECYCLE
+
+    def _read_pipe(self) -> bytes:
+        """What the parent wrote (b"" when it is gone)."""
+        try:
+            return self.sock.recv(64)
+        except InterruptedError:
+            return protocol.POKE
+        except ConnectionError:
+            return b""  # the parent is gone: leave like at EOF, without a traceback
+
+    def _park(self) -> bytes | None:
+        """Park on the queue's doorbell (the parent handed it over, B) beside the pipe, so
+        a ring wakes this process, which claims at once. Returns POKE when a ring was taken
+        (``took_ring`` set; the caller claims, as at a poke), what the pipe said when it ended the
+        park (the call cancelled, what it took put back; UNPARKED said unless it was a
+        poke, which told the parent already), or None when the park failed on this
+        process's connection (UNPARKED said: the parent parks instead). Another B while
+        parked changes nothing: the park goes on."""
+        bell = self._bell()
+        self.took_ring = False
+        try:
+            while True:
+                # the server ends the call after its block; past that and a grace, wait()
+                # drops a connection that died without a word
+                rung, woke = bell.wait(bell.beat_s + BLOCK_GRACE_S, self.sock.fileno())
+                due = bell.take_due()
+                data = self._read_pipe() if woke else None
+                if self.stopping or (data is not None and (not data or protocol.STOP in data)):
+                    if rung:
+                        self._ring_again(bell)  # a ring taken, not acted on: for the others
+                    bell.cancel()
+                    return protocol.STOP if data is None else data
+                if rung:
+                    self.took_ring = True
+                    self._send(protocol.rung_line())
+                    return protocol.POKE
+                if due is not None:  # a schedule head: the parent's promote timer
+                    self._send(protocol.rung_line(due))
+                if data is not None:
+                    bell.cancel()
+                    return data
+                if not bell.armed and due is None:  # its block ran out: still parked
+                    self._send(f"{protocol.PARKED}\n".encode())
+        except UNAVAILABLE_ERRORS as exc:
+            bell.reset()
+            log.info("queue %s: parked call on the doorbell failed (%s); the supervisor "
+                     "parks instead", self.queue, exc)
+            self._send(f"{protocol.UNPARKED}\n".encode())
+            return None
+
+    def _ring_again(self, bell: Doorbell) -> None:
+        """Ring the doorbell for a ring this process took and leaves unclaimed."""
+        try:
+            ring(self.client, self.lanes.keys, bell.kind)
+        except UNAVAILABLE_ERRORS:
+            pass  # the server is gone too: the others' safety promote and reap remain
+
+    def _bell(self) -> Doorbell:
+        """This process's own doorbell call, made at the first park."""
+        if self.doorbell is None:
+            self.doorbell = Doorbell(self.client, self.lanes.keys,
+                                     self.settings.beat_ms / 1000 * PARK_BEATS,
+                                     self.settings.doorbell)
+        return self.doorbell
 
     def _drain_safely(self) -> None:
         """Drain; when the server cannot be reached or refuses, drain again after a backoff
@@ -215,7 +286,9 @@ class Worker:
     def _settle_then_exit(self, parent_gone: bool = False) -> int:
         """Never leave with outcomes unsettled: retry until the server answers. The parent
         keeps their leases meanwhile and, at its drain deadline, ends this process and
-        hands the jobs back."""
+        hands the jobs back. A schedule head its doorbell took is put back first."""
+        if self.doorbell is not None:
+            self.doorbell.close()
         failures = 0
         while self.drain.pending:
             try:

@@ -55,7 +55,10 @@ def test_a_sigterm_drain_hands_buffered_jobs_back_unstarted_and_they_run_once(
     sup, ids, running = _fill_running_and_buffer(supervisor, redis_url, queue_name, r,
                                                  "--drain-timeout", "20")
     sup.signal(signal.SIGTERM)
-    sup.wait_for_log(r"draining")
+    # the child took the STOP once its buffer is back: a gate opened before that ends a
+    # running job whose slot starts a buffered one, which takes another job's gate
+    wait_until(lambda: q.counts()["waiting"] == 10, 10, "the buffer handed back")
+    assert r.llen(f"ledger:{queue_name}:started") == 20
     r.rpush(f"ledger:{queue_name}:gate", *([1] * 20))
     assert sup.wait(20) == 0
     assert q.counts() == {"waiting": 10, "scheduled": 0, "active": 0, "completed": 80,

@@ -1,0 +1,476 @@
+"""A child parked on the doorbell itself: the supervisor hands a queue's doorbell to an
+idle consumer that can park (one job at a time in its process), which blocks on it
+beside its pipe and claims at the ring, one wake-up from the admit to its claim. The
+supervisor parks no call of its own meanwhile (one blocking call per queue), takes the
+doorbell back at the ring (RUNG), when the child's call fails (UNPARKED) or when the
+child dies (ringing once for the ring its call may have taken), and wakes the child
+through the doorbell, not its pipe, when it is the only idle one.
+
+Stand-in children on socketpairs with a real server for the supervisor's side; real
+supervisors and forked consumers (a supervisor frozen with SIGSTOP) for the whole."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psutil
+import redis
+from echomq.supervisor import protocol
+from echomq.supervisor.arbiter import Arbiter
+from echomq.supervisor.children import Child
+from echomq.supervisor.drills.localredis import LocalRedis
+from echomq.supervisor.holdings import Holdings
+from echomq.supervisor.settings import QueueSpec, Settings
+from echomq.supervisor.worker import Worker
+
+import echomq
+from echomq.config import QueueSettings
+from echomq.keys import Keys
+from echomq.wake import claim_doorbell
+
+from .conftest import Supervisor, wait_until
+
+
+@contextmanager
+def _arbiter(redis_url: str, queue: str, children: int, can_park: bool = True
+             ) -> Iterator[tuple[Arbiter, list[socket.socket]]]:
+    """An arbiter for one queue whose slots hold idle stand-in consumers that say they
+    can park (what the arbiter writes to them can be read back, what they say fed)."""
+    arbiter = Arbiter(Settings(redis_url=redis_url, beat_ms=1000, queues=(
+        QueueSpec(name=queue, handler="json:dumps", processes=children),)))
+    (rt,) = arbiter.queues.values()
+    theirs = []
+    for slot in rt.slots:
+        ours, their_end = socket.socketpair()
+        ours.setblocking(False)
+        their_end.setblocking(False)
+        theirs.append(their_end)
+        slot.child = Child(queue, slot.index, pid=0, sock=ours, state="idle",
+                           reader=protocol.LineReader(ours.fileno()), holdings=Holdings(1),
+                           can_park=can_park)
+    try:
+        yield arbiter, theirs
+    finally:
+        rt.metronome.doorbell.close()
+        for s in theirs:
+            s.close()
+
+
+def _said(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(64)
+    except BlockingIOError:
+        return b""
+
+
+def _tell(arbiter: Arbiter, slot: int, line: str, theirs: list[socket.socket]) -> None:
+    """A stand-in child says ``line``; the arbiter reads it."""
+    (rt,) = arbiter.queues.values()
+    child = rt.slots[slot].child
+    assert child is not None
+    theirs[slot].send(line.encode() + b"\n")
+    arbiter.children.consume_lines(child)
+
+
+def test_the_doorbell_goes_to_an_idle_child_that_can_park_and_the_supervisor_parks_not(
+        redis_url: str, queue_name: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    with _arbiter(redis_url, queue_name, 2) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert [_said(s) for s in theirs] == [protocol.BELL, b""]
+        assert rt.bell_holder is rt.slots[0].child
+        assert not rt.metronome.doorbell.armed
+        arbiter.doorbells.arm_all(time.monotonic())  # nothing more while it is held
+        assert [_said(s) for s in theirs] == [b"", b""] and not rt.metronome.doorbell.armed
+        assert int(r.info("clients")["blocked_clients"]) == 0
+
+
+def test_children_that_cannot_park_leave_the_doorbell_to_the_supervisor(
+        redis_url: str, queue_name: str) -> None:
+    with _arbiter(redis_url, queue_name, 2, can_park=False) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert [_said(s) for s in theirs] == [b"", b""]
+        assert rt.bell_holder is None and rt.metronome.doorbell.armed
+
+
+def test_a_ring_the_holder_took_hands_the_doorbell_to_the_next_idle_child(
+        redis_url: str, queue_name: str) -> None:
+    with _arbiter(redis_url, queue_name, 2) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL
+        rings = rt.metronome.rings
+        _tell(arbiter, 0, "RUNG w", theirs)
+        first = rt.slots[0].child
+        assert first is not None and first.state == "busy" and rt.bell_holder is None
+        assert rt.metronome.rings == rings + 1
+        assert rt.metronome.next_promote == 0.0  # a list token may announce a new head
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert [_said(s) for s in theirs] == [b"", protocol.BELL]
+        assert rt.bell_holder is rt.slots[1].child
+        _tell(arbiter, 0, f"{protocol.IDLE} 1 10", theirs)  # its drain ended: no re-poke
+        assert first.state == "idle" and _said(theirs[0]) == b""
+
+
+def test_a_schedule_head_the_holder_popped_sets_the_promote_timer_and_it_stays_parked(
+        redis_url: str, queue_name: str) -> None:
+    with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        rt.metronome.server_offset_ms = 0.0  # server ms = monotonic ms, for the check
+        rt.metronome.next_promote = float("inf")
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL
+        _tell(arbiter, 0, "RUNG d 123456", theirs)
+        assert rt.metronome.next_promote == 123.456 and rt.metronome.head_ms == 123456
+        assert rt.metronome.doorbell.next_due_ms == 123456  # put back when it stops
+        assert rt.bell_holder is rt.slots[0].child and rt.slots[0].child.state == "idle"
+
+
+def test_a_failed_park_gives_the_doorbell_back(redis_url: str, queue_name: str) -> None:
+    with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL
+        _tell(arbiter, 0, protocol.UNPARKED, theirs)
+        assert rt.bell_holder is None
+        # the metronome parks for a beat (its call meets the outage, if it is one), not
+        # the child again at once, which would fail in a loop
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == b"" and rt.metronome.doorbell.armed
+        rt.metronome.doorbell.cancel()
+        rt.park_after = 0.0  # the beat has passed
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL
+
+
+def test_a_failed_park_is_not_handed_to_a_sibling_for_a_beat(redis_url: str,
+                                                             queue_name: str) -> None:
+    """The metronome's own call finds out whether the server is down: a failed park
+    leaves the doorbell to it for a beat, not to each idle sibling in turn."""
+    with _arbiter(redis_url, queue_name, 3) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert [_said(s) for s in theirs] == [protocol.BELL, b"", b""]
+        _tell(arbiter, 0, protocol.UNPARKED, theirs)
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert [_said(s) for s in theirs] == [b"", b"", b""]
+        assert rt.metronome.doorbell.armed and rt.bell_holder is None
+
+
+def test_work_found_with_only_the_holder_idle_rings_it_instead_of_a_poke(
+        redis_url: str, queue_name: str) -> None:
+    """A hand-back, a release, a queue back from an outage: the holder is woken through
+    the doorbell it parks on (its pipe would end the park); a sibling idle is poked."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(queue_name)
+    with _arbiter(redis_url, queue_name, 2) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL
+        arbiter.doorbells.found_work(rt, time.monotonic())
+        assert [_said(s) for s in theirs] == [b"", protocol.POKE]  # the sibling
+        r.delete(keys.wake)
+        arbiter.doorbells.found_work(rt, time.monotonic())  # only the holder idle now
+        assert [_said(s) for s in theirs] == [b"", b""]
+        assert r.lrange(keys.wake, 0, -1) == [b"1"]
+        assert rt.bell_holder is rt.slots[0].child
+
+
+def test_a_promote_with_only_the_holder_idle_rings_from_the_server(
+        redis_url: str, queue_name: str) -> None:
+    """A due head's promote tells no child while the holder is the only idle one (the
+    pipe would end its park): the promote script rings the doorbell it parks on."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(queue_name)
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL
+        q.add("x", {}, delay=0.05)
+        r.delete(keys.wake)
+        wait_until(lambda: float(r.zrange(keys.schedule, 0, 0, withscores=True)[0][1])
+                   <= float(r.time()[0]) * 1000 + r.time()[1] / 1000, 5, "the job due")
+        rt.metronome.head_ms = 0.0
+        rt.metronome.server_offset_ms = 0.0
+        rt.metronome.next_promote = 0.0
+        arbiter._pump(rt, time.monotonic())
+        assert _said(theirs[0]) == b""
+        assert r.lrange(keys.wake, 0, -1) == [b"1"] and r.zcard(keys.schedule) == 0
+    q.close()
+
+
+def test_a_holder_that_dies_has_the_doorbell_rung_once_and_taken_back(
+        redis_url: str, queue_name: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(queue_name)
+    with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL
+        child = rt.slots[0].child
+        assert child is not None
+        r.delete(keys.wake)
+        arbiter.children.on_exit(child, 9)  # killed by SIGKILL while parked
+        assert rt.bell_holder is None
+        assert r.lrange(keys.wake, 0, -1) == [b"1"]
+
+
+def _blpop_ports(r: redis.Redis) -> list[int]:
+    """The client ports of the connections blocked in BLPOP."""
+    return [int(c["addr"].rsplit(":", 1)[1]) for c in r.client_list()
+            if c.get("cmd") == "blpop" and "b" in c.get("flags", "")]
+
+
+def _owner(pids: list[int], port: int) -> int | None:
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        if any(c.laddr and c.laddr.port == port for c in conns):
+            return pid
+    return None
+
+
+def test_a_parked_consumer_runs_a_job_while_its_supervisor_is_frozen(
+        private_redis: LocalRedis, queue_name: str, supervisor: Callable[..., Supervisor]
+        ) -> None:
+    """The consumer, not the supervisor, is blocked on the doorbell: with the supervisor
+    stopped (SIGSTOP) a job admitted is claimed and run all the same."""
+    redis_url = private_redis.url  # a server of its own: every BLPOP on it is this test's
+    r = redis.Redis.from_url(redis_url)
+    sup = supervisor(redis_url, queue_name, "--processes", "1", "--beat-ms", "100").started(1)
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add("record", {"n": 0})
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:done") == 1, 10, "the first job")
+    (child,) = psutil.Process(sup.proc.pid).children()
+
+    def child_parked() -> bool:
+        owners = [_owner([child.pid, sup.proc.pid], p)
+                  for p in _blpop_ports(r)]
+        return owners == [child.pid]
+
+    wait_until(child_parked, 10, "the consumer parked on the doorbell, and nobody else")
+    os.kill(sup.proc.pid, signal.SIGSTOP)
+    try:
+        q.add("record", {"n": 1})
+        wait_until(lambda: r.llen(f"ledger:{queue_name}:done") == 2, 10,
+                   "the job run with the supervisor frozen")
+    finally:
+        os.kill(sup.proc.pid, signal.SIGCONT)
+    q.close()
+
+
+def test_an_idle_from_the_holder_gives_the_doorbell_back(redis_url: str, queue_name: str
+                                                         ) -> None:
+    """A child says IDLE only after a drain, which a park never outlives: a B it read
+    beside a poke (and dropped) leaves no holder that parks nothing."""
+    with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL
+        child = rt.slots[0].child
+        assert child is not None
+        child.poked_at = time.monotonic()  # no work seen since: its IDLE is not re-poked
+        _tell(arbiter, 0, f"{protocol.IDLE} 0 0", theirs)
+        assert rt.bell_holder is None and _said(theirs[0]) == b""
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL  # handed again, for real this time
+
+
+def test_a_silent_holder_is_taken_the_doorbell_and_a_thawed_one_is_poked_off_it(
+        redis_url: str, queue_name: str) -> None:
+    """A holder that says nothing for two of its calls' blocks (frozen, swapped out) is
+    taken the doorbell from, which is rung once (a ring its call may have taken), and is
+    not handed it again until it speaks; when it thaws and says it still parks, a poke
+    ends that park."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(queue_name)
+    with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL
+        child = rt.slots[0].child
+        assert child is not None
+        deadline = arbiter.doorbells.holder_deadline(rt)
+        assert deadline is not None and deadline == child.parked_seen + 2 * 5.0 + 5.0
+        _tell(arbiter, 0, protocol.PARKED, theirs)  # alive: its deadline moves on
+        assert (arbiter.doorbells.holder_deadline(rt) or 0) > deadline
+        r.delete(keys.wake)
+        arbiter.doorbells.watch_holder(rt, time.monotonic() + 100)
+        assert rt.bell_holder is None and r.lrange(keys.wake, 0, -1) == [b"1"]
+        r.delete(keys.wake)
+        arbiter.doorbells.arm_all(time.monotonic())  # the metronome parks, not the child
+        assert _said(theirs[0]) == b"" and rt.metronome.doorbell.armed
+        _tell(arbiter, 0, protocol.PARKED, theirs)  # thawed, still in its park
+        assert _said(theirs[0]) == protocol.POKE and child.state == "busy"
+
+
+@contextmanager
+def _worker(redis_url: str, queue: str, doorbell: str = "list"
+            ) -> Iterator[tuple[socket.socket, Worker, list[int]]]:
+    """A real consumer's loop (the forked child's) in a thread, on a socketpair."""
+    settings = QueueSettings(beat_ms=100, doorbell=doorbell)
+    parent_end, child_end = socket.socketpair()
+    worker = Worker(child_end, queue, redis_url, settings, lambda job: job.payload, None)
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(worker.serve()), daemon=True)
+    thread.start()
+    lines = _Lines(parent_end)
+    assert lines.next() == f"{protocol.READY} {protocol.PARKS}"
+    try:
+        yield parent_end, worker, codes
+    finally:
+        try:
+            parent_end.send(protocol.STOP)
+        except OSError:
+            pass
+        thread.join(10)
+        worker.holdings.close()
+        parent_end.close()
+        child_end.close()
+
+
+class _Lines:
+    """The lines a consumer writes on its pipe, read with a deadline."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def next(self, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = self.sock.recv(4096)
+            assert chunk, "the consumer closed its pipe"
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode()
+
+    def until(self, prefix: str, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.next(max(0.01, deadline - time.monotonic()))
+            if line.startswith(prefix):
+                return line
+
+
+def _blocked(r: redis.Redis) -> int:
+    return int(r.info("clients")["blocked_clients"])
+
+
+def test_a_real_consumer_parks_claims_at_the_ring_and_says_it_still_parks(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    r = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue_name, redis_url=private_redis.url)
+    with _worker(private_redis.url, queue_name) as (pipe, _worker_, _):
+        lines = _Lines(pipe)
+        pipe.send(protocol.BELL)
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+        assert lines.until(protocol.PARKED, 5) == protocol.PARKED  # its 0.5 s block ran out
+        jid = q.add("x", {"v": 7})
+        assert lines.next() == "RUNG w"
+        assert lines.until(protocol.IDLE).split()[:2] == [protocol.IDLE, "1"]
+        assert q.get(jid).state == "completed"
+        assert _blocked(r) == 0  # it claims and rests: the doorbell is the parent's again
+    q.close()
+
+
+def test_a_poke_ends_the_park_and_cancels_its_call(private_redis: LocalRedis,
+                                                   queue_name: str) -> None:
+    r = redis.Redis.from_url(private_redis.url)
+    with _worker(private_redis.url, queue_name) as (pipe, _worker_, _):
+        lines = _Lines(pipe)
+        pipe.send(protocol.BELL)
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+        pipe.send(protocol.POKE)
+        assert lines.until(protocol.IDLE).startswith(protocol.IDLE)
+        assert _blocked(r) == 0  # no call of its own left blocked beside the parent's
+
+
+def test_a_park_whose_connection_is_killed_says_unparked(private_redis: LocalRedis,
+                                                         queue_name: str) -> None:
+    r = redis.Redis.from_url(private_redis.url)
+    with _worker(private_redis.url, queue_name) as (pipe, _worker_, _):
+        lines = _Lines(pipe)
+        pipe.send(protocol.BELL)
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+        r.client_kill_filter(_type="normal", skipme=True)
+        assert lines.until(protocol.UNPARKED) == protocol.UNPARKED
+
+
+def test_a_stopping_consumer_rings_again_for_a_ring_it_took(private_redis: LocalRedis,
+                                                            queue_name: str) -> None:
+    """SIGTERM reached the parked consumer before its parent's stop: a ring its call took
+    is rung again for the others as it leaves, not claimed and not lost."""
+    r = redis.Redis.from_url(private_redis.url)
+    keys = Keys(queue_name)
+    with _worker(private_redis.url, queue_name) as (pipe, worker, codes):
+        pipe.send(protocol.BELL)
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+        worker.stopping = True  # what its SIGTERM handler records
+        r.lpush(keys.wake, "1")
+        wait_until(lambda: codes == [protocol.EXIT_OK], 10, "the consumer to leave")
+        assert r.lrange(keys.wake, 0, -1) == [b"1"]
+
+
+def test_a_schedule_head_the_consumer_popped_is_said_and_put_back_when_it_leaves(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    r = redis.Redis.from_url(private_redis.url)
+    keys = Keys(queue_name)
+    with _worker(private_redis.url, queue_name, doorbell="marker") as (pipe, _worker_, codes):
+        lines = _Lines(pipe)
+        claim_doorbell(r, keys, "marker")
+        r.delete(keys.marker)
+        pipe.send(protocol.BELL)
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+        due = (int(r.time()[0]) + 60) * 1000
+        r.zadd(keys.marker, {"1": due})
+        assert lines.until(protocol.RUNG) == f"RUNG d {due}"
+        assert r.zcard(keys.marker) == 0
+        pipe.send(protocol.STOP)
+        wait_until(lambda: codes == [protocol.EXIT_OK], 10, "the consumer to leave")
+        assert r.zrange(keys.marker, 0, -1, withscores=True) == [(b"1", float(due))]
+
+
+def test_a_frozen_holder_does_not_keep_the_queue_s_jobs_waiting(
+        private_redis: LocalRedis, queue_name: str, supervisor: Callable[..., Supervisor]
+        ) -> None:
+    """The consumer parked on the doorbell is frozen (SIGSTOP): its supervisor takes the
+    doorbell back once it has been silent for two of its calls' blocks, and the other
+    consumer runs the jobs."""
+    redis_url = private_redis.url
+    r = redis.Redis.from_url(redis_url)
+    sup = supervisor(redis_url, queue_name, "--processes", "2", "--beat-ms", "100").started(2)
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add("record", {"n": 0})
+    wait_until(lambda: r.llen(f"ledger:{queue_name}:done") == 1, 10, "the first job")
+    pids = [c.pid for c in psutil.Process(sup.proc.pid).children()]
+
+    def holder() -> int | None:
+        owners = [_owner(pids + [sup.proc.pid], p) for p in _blpop_ports(r)]
+        return owners[0] if len(owners) == 1 and owners[0] in pids else None
+
+    wait_until(lambda: holder() is not None, 10, "a consumer parked on the doorbell")
+    frozen = holder()
+    assert frozen is not None
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        for n in range(1, 4):
+            q.add("record", {"n": n})
+        wait_until(lambda: r.llen(f"ledger:{queue_name}:done") == 4, 20,
+                   "the jobs run by the consumer not frozen")
+        sup.wait_for_log("doorbell-holder-silent|said nothing for")
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    q.close()
+
