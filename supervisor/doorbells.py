@@ -95,6 +95,7 @@ class Doorbells:
         """The doorbell is the metronome's again after a holder may have taken a ring and
         not acted on it (it died, froze, or its call failed): ring once, and promote at the
         next pump, for a schedule head's marker that call may have taken unsaid."""
+        rt.metronome.next_promote = 0.0
         self.ring(rt)
 
     def heard_from_holder(self, rt: QueueRuntime, child: Child, line: str) -> None:
@@ -105,7 +106,8 @@ class Doorbells:
                                             parts[1:2] == ["d"]):
             # parked without the doorbell (thawed after it was taken back): a poke ends it,
             # unless one is on its way already
-            self.poke(rt, child)
+            if child.state == "idle":
+                self.poke(rt, child)
         elif parts[0] == protocol.PARKED or parts[1:2] == ["d"]:
             child.parked_seen = now
         released = parts[0] == protocol.UNPARKED or parts[1:2] == ["w"]
@@ -116,6 +118,8 @@ class Doorbells:
             # down (the outage's probe and backoff), or only that child's connection failed;
             # a ring its failed call took with the reply lost is rung again
             rt.park_after = now + rt.metronome.beat_s
+            if not self.house.stopping and rt.healthy:
+                self.take_back(rt)
         if parts[0] != protocol.RUNG:
             return
         if len(parts) > 2 and parts[1] == "d":

@@ -125,6 +125,9 @@ class Worker:
                 parked = self._park()
                 if parked is None:
                     continue
+                if self.took_ring and self.stopping:
+                    # a stop came after its call took a ring: that ring is for the others
+                    self._ring_again(self._bell())
                 data = parked
             if not data or protocol.STOP in data or self.stopping:
                 return self._settle_then_exit(parent_gone=not data)
@@ -176,9 +179,12 @@ class Worker:
                     return protocol.POKE
                 if due is not None:  # a schedule head: the parent's promote timer
                     self._send(protocol.rung_line(due))
-                if data is not None:
+                rest = None if data is None else data.replace(protocol.BELL, b"")
+                if rest:
                     bell.cancel()
-                    return data
+                    if protocol.POKE not in rest:  # the parent counts it parked still
+                        self._send(f"{protocol.UNPARKED}\n".encode())
+                    return rest
                 if not bell.armed and due is None:  # its block ran out: still parked
                     self._send(f"{protocol.PARKED}\n".encode())
         except UNAVAILABLE_ERRORS as exc:

@@ -474,3 +474,141 @@ def test_a_frozen_holder_does_not_keep_the_queue_s_jobs_waiting(
         os.kill(frozen, signal.SIGCONT)
     q.close()
 
+
+def test_a_second_bell_while_parked_keeps_the_park(private_redis: LocalRedis,
+                                                   queue_name: str) -> None:
+    """A B read while parked (the parent handed the doorbell again after an IDLE that
+    raced the first B) changes nothing: the consumer parks on and claims at the ring."""
+    r = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue_name, redis_url=private_redis.url)
+    with _worker(private_redis.url, queue_name) as (pipe, _worker_, _):
+        lines = _Lines(pipe)
+        pipe.send(protocol.BELL)
+        assert lines.until(protocol.PARKED, 5) == protocol.PARKED
+        pipe.send(protocol.BELL)
+        # its next PARKED comes after it read that B (the pipe wakes its wait at once)
+        assert lines.until(protocol.PARKED, 5) == protocol.PARKED
+        assert _blocked(r) == 1
+        jid = q.add("x", {"v": 1})
+        assert lines.next() == "RUNG w"
+        assert lines.until(protocol.IDLE).split()[:2] == [protocol.IDLE, "1"]
+        assert q.get(jid).state == "completed"
+    q.close()
+
+
+def test_a_message_other_than_a_poke_that_ends_the_park_says_unparked(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    """The parent counts a child parked until it hears otherwise: a park ended by anything
+    but a poke (which the parent sent knowing) is said."""
+    r = redis.Redis.from_url(private_redis.url)
+    with _worker(private_redis.url, queue_name) as (pipe, _worker_, _):
+        lines = _Lines(pipe)
+        pipe.send(protocol.BELL)
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+        pipe.send(protocol.CANCEL)
+        assert lines.until(protocol.UNPARKED, 5) == protocol.UNPARKED
+        assert _blocked(r) == 0
+
+
+def test_a_stop_right_after_the_parked_call_took_a_ring_rings_again(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    """SIGTERM lands after the parked call took a ring and said RUNG, before the consumer
+    claims: it leaves without claiming, and the ring is rung again for the others."""
+    r = redis.Redis.from_url(private_redis.url)
+    keys = Keys(queue_name)
+    with _worker(private_redis.url, queue_name) as (pipe, worker, codes):
+        real_send = worker._send
+
+        def send(line: bytes) -> None:
+            if line.startswith(b"RUNG w"):
+                worker.stopping = True  # what its SIGTERM handler records, at this instant
+            real_send(line)
+
+        worker._send = send  # type: ignore[method-assign]
+        pipe.send(protocol.BELL)
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+        r.lpush(keys.wake, "1")
+        wait_until(lambda: codes == [protocol.EXIT_OK], 10, "the consumer to leave")
+        assert r.lrange(keys.wake, 0, -1) == [b"1"]
+
+
+def test_a_thawed_child_already_poked_is_not_poked_twice(redis_url: str,
+                                                         queue_name: str) -> None:
+    with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL
+        child = rt.slots[0].child
+        assert child is not None
+        assert arbiter.doorbells.poke(rt, child)  # e.g. every idle child after an outage
+        assert _said(theirs[0]) == protocol.POKE and rt.bell_holder is None
+        _tell(arbiter, 0, protocol.PARKED, theirs)  # said before it read the poke
+        assert _said(theirs[0]) == b"" and child.state == "busy"
+
+
+def test_a_failed_park_rings_once_for_a_ring_its_call_may_have_taken(
+        redis_url: str, queue_name: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(queue_name)
+    with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert _said(theirs[0]) == protocol.BELL
+        r.delete(keys.wake)
+        rt.metronome.next_promote = float("inf")
+        _tell(arbiter, 0, protocol.UNPARKED, theirs)
+        assert r.lrange(keys.wake, 0, -1) == [b"1"] and rt.metronome.next_promote == 0.0
+
+
+def _marker_head_taken_by_the_holder(redis_url: str, queue_name: str,
+                                     lose: Callable[[Arbiter, Child], None]) -> None:
+    """The marker doorbell: a new schedule head's marker is taken by the holder's call,
+    which never says it (it dies, or freezes and is taken the doorbell from). The job is
+    promoted when due, not at the next safety promote (30 beats out)."""
+    r = redis.Redis.from_url(redis_url)
+    arbiter = Arbiter(Settings(redis_url=redis_url, beat_ms=1000, doorbell="marker", queues=(
+        QueueSpec(name=queue_name, handler="json:dumps", processes=1),)))
+    (rt,) = arbiter.queues.values()
+    arbiter._declare_queue(rt)
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.setblocking(False)
+    child = Child(queue_name, 0, pid=0, sock=ours, state="idle",
+                  reader=protocol.LineReader(ours.fileno()), holdings=Holdings(1),
+                  can_park=True)
+    rt.slots[0].child = child
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    try:
+        rt.metronome.next_promote = rt.metronome.next_reap = 0.0
+        arbiter._pump(rt, time.monotonic())  # a quiet beat: the timer goes 30 beats out
+        assert rt.metronome.next_promote > time.monotonic() + 10
+        r.delete(rt.metronome.keys.marker)
+        arbiter.doorbells.arm_all(time.monotonic())
+        assert rt.bell_holder is child and theirs.recv(10) == protocol.BELL
+        jid = q.add("x", {}, delay=0.5)  # a new head: its marker, scored by its due time
+        assert r.zpopmin(rt.metronome.keys.marker)  # what the holder's call took
+        lose(arbiter, child)
+        wait_until(lambda: (arbiter._pump(rt, time.monotonic()),
+                            q.get(jid).state == "waiting")[1], 5, "the job promoted when due")
+    finally:
+        rt.metronome.doorbell.close()
+        theirs.close()
+        q.close()
+
+
+def test_a_schedule_head_a_dead_holder_took_is_promoted_when_due(
+        redis_url: str, queue_name: str) -> None:
+    def die(arbiter: Arbiter, child: Child) -> None:
+        arbiter.children.on_exit(child, 9)  # SIGKILLed before it said RUNG d
+
+    _marker_head_taken_by_the_holder(redis_url, queue_name, die)
+
+
+def test_a_schedule_head_a_frozen_holder_took_is_promoted_when_due(
+        redis_url: str, queue_name: str) -> None:
+    def freeze(arbiter: Arbiter, child: Child) -> None:
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.watch_holder(rt, time.monotonic() + 100)  # silent: taken back
+        assert rt.bell_holder is None
+
+    _marker_head_taken_by_the_holder(redis_url, queue_name, freeze)
