@@ -123,10 +123,11 @@ class AdmitPlanner:
                               self.settings.max_attempts, self.settings.max_stalls)
 
     def calls(self, specs: Sequence[Spec], guard_ms: int | None = None,
-              tokens: Sequence[str] = ()) -> list[Call]:
+              tokens: Sequence[str] = (), leader: str = "") -> list[Call]:
         """The script calls that admit validated jobs: admit.lua for jobs due now,
-        schedule.lua for deferred ones. The outbox relay passes its guard: ``guard_ms``
-        and each spec's outbox token, in ``specs``' order (lua/relayguard.lua)."""
+        schedule.lua for deferred ones. The outbox relay passes its guard: ``guard_ms``,
+        each spec's outbox token, in ``specs``' order, and the leader lease's value it
+        runs under (lua/relayguard.lua)."""
         guarded = guard_ms is not None
         if guarded and len(tokens) != len(specs):
             raise ValueError("the relay's guard needs one outbox token per job")
@@ -139,13 +140,13 @@ class AdmitPlanner:
             for (_, a, _), _ in chunk:
                 args += a
             calls.append((scripts.ADMIT, scripts.admit_keys(self.keys),
-                          args + _guard(guard_ms, chunk)))
+                          args + _guard(guard_ms, chunk, leader)))
         for chunk in self._chunks(later):
             args = [self.keys.prefix, len(chunk)]
             for (_, a, when), _ in chunk:
                 args += [*a, when]
             calls.append((scripts.SCHEDULE, scripts.schedule_keys(self.keys),
-                          args + _guard(guard_ms, chunk)))
+                          args + _guard(guard_ms, chunk, leader)))
         return calls
 
     def marked_calls(self, specs: Sequence[Spec], marks: Mapping[int, int]
@@ -303,6 +304,8 @@ def refuse_mixed(tx: bool = False, after: bool = False, expires: bool = False,
                          "(nothing was admitted); see docs/reference.md")
 
 
-def _guard(guard_ms: int | None, chunk: Sequence[tuple[Spec, str]]) -> list[Any]:
-    """The relay's guard after a chunk's jobs: its ms, then each job's outbox token."""
-    return [] if guard_ms is None else [guard_ms, *(token for _, token in chunk)]
+def _guard(guard_ms: int | None, chunk: Sequence[tuple[Spec, str]], leader: str
+           ) -> list[Any]:
+    """The relay's guard after a chunk's jobs: its ms, each job's outbox token, then the
+    leader lease's value the relay runs under."""
+    return [] if guard_ms is None else [guard_ms, *(token for _, token in chunk), leader]

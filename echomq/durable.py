@@ -176,11 +176,13 @@ async def write_admitted_async(client: Any, keys: Keys, floor: Floor,
     return len(rows)
 
 
-OUTBOXED: dict[str, str] = {}  # ids this process wrote with tx= (the latest): row tokens
+# (queue, id) this process wrote with tx= (the latest ones): their rows' tokens
+OUTBOXED: dict[tuple[str, str], str] = {}
 OUTBOXED_KEEP = 10_000
 RELAY_WAIT_SLICE_S = 5.0  # longest single BLMOVE of a result() waiting for the relay
 RELAYED_TTL_MS = 60_000  # how long a relayed row's doorbell is kept after its delete
 RELAY_HELD_MS = 24 * 3600 * 1000  # ... from its admit until then (the relay's guard)
+LIVE_STATES = ("waiting", "scheduled", "active", "blocked")  # a job not finished
 
 
 def to_outbox(tx: Any, queue: str, specs: Sequence[Spec]) -> None:
@@ -198,10 +200,10 @@ async def to_outbox_async(tx: Any, queue: str, specs: Sequence[Spec]) -> None:
     await outbox.write_async(tx, queue, specs)
 
 
-def note_outboxed(tokens: Mapping[str, str]) -> None:
-    """Remember the ids written into the outbox and their rows' tokens
+def note_outboxed(queue: str, tokens: Mapping[str, str]) -> None:
+    """Remember the ids written into ``queue``'s outbox and their rows' tokens
     (:func:`echomq.outbox.rows`), so result() waits for the relay's admit of that row."""
-    OUTBOXED.update(tokens)
+    OUTBOXED.update(((queue, job_id), token) for job_id, token in tokens.items())
     while len(OUTBOXED) > OUTBOXED_KEEP:
         del OUTBOXED[next(iter(OUTBOXED))]
 
@@ -225,32 +227,44 @@ def trim_relayed(client: redis.Redis, keys: Keys, rows: Sequence[tuple[str, str]
         log.warning("%d relayed job(s) keep their doorbells a day: %s", len(rows), exc)
 
 
-def relayed_rows(client: redis.Redis, keys: Keys, rows: Sequence[tuple[str, str]]
-                 ) -> list[bool]:
-    """For each outbox row (job id, token): True when a relay admitted it before and its
-    job is gone since (finished, dropped by retention): a batch read again after its
-    delete failed writes no floor row for it."""
+def relayed_rows(client: redis.Redis, keys: Keys, rows: Sequence[tuple[str, str]],
+                 rolled_back: bool = False) -> list[bool]:
+    """For each outbox row (job id, token): True when its floor row is not to be written
+    again: a relay admitted it before (its doorbell exists), after that row's floor write
+    committed. ``rolled_back``: the floor shares the outbox's transaction (a SQLite file
+    of both), so a failed batch's floor rows went with it, and only a job finished or
+    gone since needs none (a waiting, scheduled, active or blocked one does)."""
     pipe = client.pipeline(transaction=False)
     for job_id, token in rows:
         pipe.exists(relayed_key(keys, job_id, token))
-        pipe.exists(keys.job(job_id))
+        pipe.hget(keys.job(job_id), "state")
     replies = pipe.execute()
-    return [bool(replies[i]) and not replies[i + 1] for i in range(0, len(replies), 2)]
+    out = []
+    for i in range(0, len(replies), 2):
+        state = replies[i + 1].decode() if isinstance(replies[i + 1], bytes) else replies[i + 1]
+        out.append(bool(replies[i]) and not (rolled_back and state in LIVE_STATES))
+    return out
 
 
-def await_relay(client: redis.Redis, keys: Keys, job_id: str,
+def await_relay(client: redis.Redis, keys: Keys, queue: str, job_id: str,
                 timeout: float | None) -> float | None:
-    """Block until the relay admitted this outbox job (at once if it has); returns the
-    timeout left. TimeoutError when it passes first (a rollback never rings)."""
+    """Block until the relay admitted this outbox job (at once if it has, or if this
+    process wrote no row of it); returns the timeout left. TimeoutError when it passes
+    first (a rollback never rings). Between slices of the wait the job itself is looked
+    for: the row waited on may be a later add of the id that rolled back, while the
+    relay admitted an earlier one."""
     start = time.monotonic()
-    if client.exists(keys.job(job_id)):
-        OUTBOXED.pop(job_id, None)
+    token = OUTBOXED.get((queue, job_id))  # another thread's result() may have taken it
+    if token is None or client.exists(keys.job(job_id), keys.dedup(job_id)):
+        OUTBOXED.pop((queue, job_id), None)
         return timeout
     # BLMOVE onto itself: the ring stays for other waiters (and in a producer's ACL); in
     # slices shorter than the client's socket timeout, which would cut a longer block
-    key = relayed_key(keys, job_id, OUTBOXED[job_id])
+    key = relayed_key(keys, job_id, token)
     pool = getattr(client, "connection_pool", None)  # a cluster client keeps its own
-    socket_s = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
+    kwargs = getattr(pool, "connection_kwargs", {})
+    # redis-py 8 keeps its default (5 s) as "orig_socket_timeout" when none was given
+    socket_s = kwargs.get("socket_timeout") or kwargs.get("orig_socket_timeout")
     slice_s = RELAY_WAIT_SLICE_S if not socket_s else min(RELAY_WAIT_SLICE_S, socket_s / 2)
     while True:
         left = None if timeout is None else timeout - (time.monotonic() - start)
@@ -261,7 +275,9 @@ def await_relay(client: redis.Redis, keys: Keys, job_id: str,
         block_s = slice_s if left is None else max(0.01, min(slice_s, left))
         if client.blmove(key, key, block_s, "LEFT", "RIGHT") is not None:
             break
-    OUTBOXED.pop(job_id, None)
+        if client.exists(keys.job(job_id), keys.dedup(job_id)):
+            break
+    OUTBOXED.pop((queue, job_id), None)
     return None if timeout is None else max(0.001, timeout - (time.monotonic() - start))
 
 

@@ -110,7 +110,7 @@ def write_cursor(cursor: Any, queue: str, specs: Sequence[Spec], *,
                                   for i, c in enumerate(_COLUMNS)) + ")")
         cursor.executemany(insert_sql, [{c: r[c] for c in _COLUMNS} if by_name
                                         else tuple(r[c] for c in _COLUMNS) for r in values])
-    durable.note_outboxed(tokens)
+    durable.note_outboxed(queue, tokens)
 
 
 def sync_connection(tx: Any) -> Connection:
@@ -142,7 +142,7 @@ def write(tx: Any, queue: str, specs: Sequence[Spec]) -> None:
         conn.execute(_PG_STATEMENT, _pg_params(queue, values))
     else:
         conn.execute(insert(outbox), values)
-    durable.note_outboxed(tokens)  # result() waits across the relay
+    durable.note_outboxed(queue, tokens)  # result() waits across the relay
 
 
 async def write_async(tx: Any, queue: str, specs: Sequence[Spec]) -> None:

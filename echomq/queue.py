@@ -433,8 +433,9 @@ class Queue:
             if self._waiters is None:
                 # on a cluster: the node owning the queue's slot, where its doorbells ring
                 self._waiters = results.waiter_pool(node_client(self.redis, self.keys.prefix))
-            if job_id in durable.OUTBOXED:
-                timeout = durable.await_relay(self.redis, self.keys, job_id, timeout)
+            if (self.name, job_id) in durable.OUTBOXED:
+                timeout = durable.await_relay(self.redis, self.keys, self.name, job_id,
+                                              timeout)
             return results.wait(self._waiters, self.keys, job_id, timeout)
 
     def counts(self) -> dict[str, int]:

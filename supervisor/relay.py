@@ -72,10 +72,14 @@ class Relay:
         self.relayed = 0
         self.error = ""
         self._select_sql: str | None = None  # PostgreSQL: BEGIN and the batch's SELECT
+        self.leader = ""  # the leader lease's value of the run in progress
 
-    def run(self, floor: Any = None, durable_dial: bool = False) -> int:
+    def run(self, floor: Any = None, durable_dial: bool = False, leader: str = "") -> int:
         """Relay batches until the queue's outbox is empty (or a batch fails: logged, the
-        rows stay for the next call). Returns the jobs relayed."""
+        rows stay for the next call). Returns the jobs relayed. ``leader``: the value of
+        the scheduler's leader lease this relay runs under ("<replica>|<fence>"); an admit
+        is refused once another holds it."""
+        self.leader = leader
         total = 0
         errors = (SQLAlchemyError, FloorError, redis.RedisError, OSError, StaleConnection,
                   *_driver_errors())
@@ -178,13 +182,14 @@ class Relay:
         # of the add that wrote it, so its CONSUMER span links to that add's span
         with producer_span(self.queue, "relay", len(specs)):
             if floor is not None:  # the rows first: a floor that refuses admits nothing
-                done = durable.relayed_rows(self.client, self.planner.keys, relayed)
+                done = durable.relayed_rows(self.client, self.planner.keys, relayed,
+                                            rolled_back=same is not None)
                 durable.write_before_admit(
                     floor, self.planner.keys, [s for s, d in zip(specs, done, strict=True)
                                                if not d], same)
             # guarded: a row a relay admitted before is not admitted again
-            scripts.execute(self.client, self.planner.calls(specs, durable.RELAY_HELD_MS,
-                                                            tokens))
+            scripts.execute(self.client, self.planner.calls(
+                specs, durable.RELAY_HELD_MS, tokens, self.leader))
             if floor is not None:
                 durable.mark(self.client, self.planner.keys, [s[0] for s in specs])
         return relayed

@@ -161,7 +161,8 @@ class Scheduler(Folding, Spilling, Rehydrating, Orphans):
         """Admit the queue's committed outbox rows, while this replica leads."""
         if self.relay is None or self.fence is None:
             return 0
-        return int(self.relay.run(self.floor if self.has_floor else None, self.durable))
+        return int(self.relay.run(self.floor if self.has_floor else None, self.durable,
+                                  leader=f"{self.replica}|{self.fence}"))
 
     def snapshot(self) -> dict[str, Any]:
         """Figures for /readyz and /metrics: floor state, leadership, folded, spilled, crons."""

@@ -23,10 +23,12 @@
               timeout_ms ('' for none), dedup_ms ('' for none), trace (a W3C traceparent or ''),
               priority ("0".."9")
     ARGV[3 + n * 11] optional: the relay's guard, ms to keep each row's "relayed" doorbell,
-              then n values: each job's outbox token (relayguard.lua)
+              then n values: each job's outbox token, then the leader lease's value the
+              relay ran under ('' for none; relayguard.lua)
 
   Output:
-    an array of n integers: 1 admitted, 0 already existed
+    an array of n integers: 1 admitted, 0 already existed; an error reply "NOTLEADER",
+    changing nothing, when the relay's leader lease is held by another (relayguard.lua)
 ]]
 --!include events
 --!include relayguard
@@ -38,6 +40,9 @@ local out = {}
 local admitted = false
 local any_spilled = redis.call('EXISTS', KEYS[3]) == 1
 local guard = ARGV[3 + n * 11]
+if not relay_leads(guard, ARGV[4 + n * 11 + n]) then
+  return redis.error_reply('NOTLEADER the relay\'s scheduler no longer leads this queue')
+end
 -- consecutive jobs of one plain lane go onto it with one RPUSH (a bulk add is mostly such
 -- runs); a run is pushed before anything else is, so lanes join the ring in order
 local run_lane, run_ids = nil, {}

@@ -11,8 +11,17 @@
   been dropped by retention meanwhile, and only this doorbell says that row was
   admitted. A later add of the same id writes another token: a new add, idempotent on
   the id as any add. The result() of the add that wrote the row waits on its doorbell.
-  ARGV[1] is the queue's key prefix.
+  After the tokens comes the value of the scheduler's leader lease the relay ran under
+  ("<replica>|<fence>"; '' for none): relay_leads refuses the call when the lease holds
+  another (a relay paused between its read of the rows and its admit while another
+  leader relayed them, deleted them and cut their doorbells short admits nothing).
+  ARGV[1] is the queue's key prefix; the lease key is built inside.
 ]]
+local function relay_leads(guard, leader)
+  if not guard or not leader or leader == '' then return true end
+  return redis.call('GET', ARGV[1] .. 'leader') == leader
+end
+
 local function relay_doorbell(guard, id, token)
   if not guard then return nil end
   return ARGV[1] .. 'relayed:' .. id .. ':' .. token

@@ -25,12 +25,15 @@
               trace (a W3C traceparent or ''), priority ("0".."9", kept in the hash
               for promote), due (">=0": absolute ms; "-<d>": d ms from now)
     ARGV[3 + n * 12] optional: the relay's guard, ms to keep each row's "relayed" doorbell,
-              then n values: each job's outbox token (relayguard.lua)
+              then n values: each job's outbox token, then the leader lease's value the
+              relay ran under ('' for none; relayguard.lua)
 
   Output:
     an array of n integers: 1 scheduled, 0 already existed;
     an error reply "invalid due time", changing nothing, when a due time is not an
-    integer or would fall after 10^14 - 1 ms (it could not be stored as integer text)
+    integer or would fall after 10^14 - 1 ms (it could not be stored as integer text);
+    an error reply "NOTLEADER", changing nothing, when the relay's leader lease is held
+    by another (relayguard.lua)
 ]]
 --!include events
 --!include relayguard
@@ -42,6 +45,9 @@ local prefix = ARGV[1]
 local n = tonumber(ARGV[2])
 local max_due = 99999999999999
 local guard = ARGV[3 + n * 12]
+if not relay_leads(guard, ARGV[4 + n * 12 + n]) then
+  return redis.error_reply('NOTLEADER the relay\'s scheduler no longer leads this queue')
+end
 for i = 0, n - 1 do
   local raw = ARGV[3 + i * 12 + 11]
   local due = tonumber(raw)

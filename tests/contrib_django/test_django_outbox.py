@@ -93,7 +93,8 @@ def admitted(project: Project, redis_url: str, job_ids: list[str]) -> dict[str, 
         return {jid: getattr(q.get(jid), "state", None) for jid in job_ids}
     proc = start_supervisor(project, "--processes", "1")
     try:
-        durable.note_outboxed(outbox_tokens(project))  # result() waits across the relay
+        # result() waits across the relay
+        durable.note_outboxed(project.queue, outbox_tokens(project))
         return {jid: q.result(jid, timeout=60) for jid in job_ids}
     finally:
         stop(proc)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -18,6 +19,7 @@ from echomq.supervisor.relay import Relay
 from echomq.supervisor.scheduler import Scheduler
 
 import echomq
+from echomq import durable
 from echomq.floor import Floor
 
 _REFUSE_DELETE = {
@@ -177,16 +179,17 @@ def test_a_relay_killed_between_its_admit_and_its_delete_runs_no_job_twice(
     assert ran == [jid]
 
 
+@pytest.mark.parametrize("keep", [0, None], ids=["dropped", "kept"])
 def test_durable_relay_reading_a_failed_batch_again_leaves_no_row_of_a_finished_job(
-        floor: Floor, floor_url: str, server: LocalRedis) -> None:
+        floor: Floor, floor_url: str, server: LocalRedis, keep: int | None) -> None:
     """Under "durable" the relay writes a batch's floor rows before its admit. A batch
     read again after its delete failed must not write the row of a job that finished
-    meanwhile (its row closed): an open row of a finished job is run again when Valkey
-    loses its data."""
+    meanwhile (its row closed), whether retention dropped its hash or keeps it: an open
+    row of a finished job is run again when Valkey loses its data."""
     client = redis.Redis.from_url(server.url)
     scheduler = Scheduler("obd", client, floor, beat_ms=100, horizon_s=3600)
     scheduler.tick(0.0)  # leads
-    q = echomq.Queue("obd", redis=client, keep_completed=0)
+    q = echomq.Queue("obd", redis=client, **({} if keep is None else {"keep_completed": keep}))
     with floor.engine.begin() as conn:
         jid = q.add("x", {}, tx=conn)
         for sql in _REFUSE_DELETE[_backend(floor_url)]:
@@ -208,6 +211,12 @@ def test_durable_relay_reading_a_failed_batch_again_leaves_no_row_of_a_finished_
     assert floor.open_rows("obd", None, 10) == []
     with floor.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM emq_outbox")).scalar() == 0
+    client.flushall()  # Valkey loses its data: the floor brings back nothing to run again
+    for t in (2.0, 3.0, 4.0):
+        scheduler.next_tick = 0.0
+        scheduler.tick(t)
+    echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+    assert ran == [jid]
 
 
 def test_durable_relay_reading_a_failed_batch_again_writes_the_row_of_a_waiting_job(
@@ -227,3 +236,167 @@ def test_durable_relay_reading_a_failed_batch_again_writes_the_row_of_a_waiting_
     assert relay.run(floor, durable_dial=True) == 1
     assert [r.job_id for r in floor.open_rows("obw", None, 10)] == [jid]
     assert q.counts()["waiting"] == 1  # admitted once
+
+
+def test_a_relay_paused_after_its_read_admits_nothing_once_another_leader_relayed_the_rows(
+        pg_floor: Floor, server: LocalRedis) -> None:
+    """Relay A reads the rows, then its process stalls; the server ends its session (the
+    row locks go), another leader's relay B admits the rows, deletes them and cuts their
+    guards short, and the job runs and is dropped. A's admit, when it resumes, is refused
+    (its leader lease is another's): the job does not run twice."""
+    import threading
+
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("obp", redis=client, keep_completed=0)
+    with pg_floor.engine.begin() as conn:
+        jid = q.add("x", {}, tx=conn)
+    client.set(q.keys.leader, "a|1")
+    read, resume = threading.Event(), threading.Event()
+
+    class Paused(Relay):
+        def _admit(self, rows: Any, floor: Any, same: Any) -> Any:
+            read.set()
+            resume.wait(30)  # the process stalls here
+            return super()._admit(rows, floor, same)
+
+    a = Paused("obp", client, pg_floor.engine)
+    thread = threading.Thread(target=a.run, kwargs={"leader": "a|1"})
+    thread.start()
+    try:
+        assert read.wait(10)
+        with pg_floor.engine.begin() as conn:  # the server ends A's idle transaction
+            conn.execute(sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE state = "
+                "'idle in transaction' AND query LIKE '%emq_outbox%' "
+                "AND pid <> pg_backend_pid() AND datname = current_database()"))
+        client.set(q.keys.leader, "b|2")  # B's scheduler leads now
+        assert Relay("obp", client, pg_floor.engine).run(leader="b|2") == 1
+        ran: list[str] = []
+        echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+        assert ran == [jid] and q.get(jid) is None
+        for key in client.scan_iter(f"emq:{{obp}}:relayed:{jid}:*"):
+            client.delete(key)  # the minute of the guard B cut short has passed
+    finally:
+        resume.set()
+        thread.join(30)
+    assert "NOTLEADER" in a.error
+    echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+    assert ran == [jid]
+    q.close()
+
+
+def test_a_leader_s_relay_admits_and_a_deposed_one_s_admits_nothing(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    scheduler = Scheduler("obl", client, floor, beat_ms=100, horizon_s=3600)
+    scheduler.relay = Relay("obl", client, floor.engine)
+    q = echomq.Queue("obl", redis=client)
+    with floor.engine.begin() as conn:
+        first = q.add("x", {}, tx=conn)
+    scheduler.tick(0.0)  # leads, and relays under its lease
+    assert scheduler.fence is not None and q.get(first) is not None
+    with floor.engine.begin() as conn:
+        second = q.add("x", {}, tx=conn)
+    client.set(q.keys.leader, "another|" + str(scheduler.fence + 1))
+    assert scheduler.relay.run(leader=f"{scheduler.replica}|{scheduler.fence}") == 0
+    assert "NOTLEADER" in scheduler.relay.error and q.get(second) is None
+    with floor.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM emq_outbox")).scalar() == 1
+
+
+def _result_in_thread(q: echomq.Queue, job_id: str, client: redis.Redis
+                      ) -> tuple[Any, dict[str, Any]]:
+    """q.result(job_id) in a thread, returned once it blocks waiting for the relay."""
+    import threading
+
+    out: dict[str, Any] = {}
+
+    def wait() -> None:
+        try:
+            out["value"] = q.result(job_id, timeout=20)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            out["error"] = exc
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not any(c.get("cmd") == "blmove" for c in client.client_list()):
+        assert time.monotonic() < deadline, "result() never waited for the relay"
+        time.sleep(0.01)
+    return thread, out
+
+
+def test_result_of_an_id_outboxed_on_two_queues_waits_for_its_own_queue_s_row(
+        floor: Floor, server: LocalRedis) -> None:
+    client = redis.Redis.from_url(server.url)
+    emails = echomq.Queue("obe", redis=client)
+    invoices = echomq.Queue("obi", redis=client)
+    with floor.engine.begin() as conn:
+        emails.add("x", {}, job_id="order-7", tx=conn)
+        invoices.add("x", {}, job_id="order-7", tx=conn)
+    thread, out = _result_in_thread(emails, "order-7", client)
+    assert Relay("obe", client, floor.engine).run() == 1
+    echomq.Consumer(emails, lambda job: 42).run(burst=True)
+    thread.join(30)
+    assert out == {"value": 42}
+
+
+def test_result_of_an_id_whose_later_add_rolled_back_wakes_at_the_earlier_one_s_relay(
+        floor: Floor, server: LocalRedis) -> None:
+    """The id is added again (idempotent) in a transaction that rolls back: the row
+    waited on never comes, and result() finds the job the relay admitted from the first
+    add between two slices of its wait."""
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("obr", redis=client)
+    with floor.engine.begin() as conn:
+        q.add("x", {}, job_id="order-1", tx=conn)
+    with floor.engine.connect() as conn:
+        tx = conn.begin()
+        q.add("x", {}, job_id="order-1", tx=conn)
+        tx.rollback()
+    thread, out = _result_in_thread(q, "order-1", client)
+    assert Relay("obr", client, floor.engine).run() == 1
+    echomq.Consumer(q, lambda job: 42).run(burst=True)
+    thread.join(30)
+    assert out == {"value": 42}
+
+
+def test_result_of_an_outbox_job_another_thread_waited_for_already_returns_it(
+        floor: Floor, server: LocalRedis) -> None:
+    """Two result() calls of one outbox job in one process: the first to see the relay's
+    admit forgets the row's token; the other, checking the job right then, still waits
+    on the row's doorbell, which rang (it raised KeyError)."""
+    import threading
+
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("obk", redis=client)
+    with floor.engine.begin() as conn:
+        jid = q.add("x", {}, tx=conn)
+    checked, go = threading.Event(), threading.Event()
+
+    class Held(redis.Redis):
+        """A client whose job check answers "not yet", then waits for the test."""
+
+        def exists(self, *names: Any) -> int:
+            super().exists(*names)
+            checked.set()
+            go.wait(10)
+            return 0
+
+    out: dict[str, Any] = {}
+
+    def first() -> None:
+        try:
+            out["left"] = durable.await_relay(Held.from_url(server.url), q.keys, "obk", jid, 5)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            out["error"] = exc
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert checked.wait(10)
+    Relay("obk", client, floor.engine).run()
+    echomq.Consumer(q, lambda job: 1).run(burst=True)
+    assert q.result(jid, timeout=5) == 1  # forgets the token
+    go.set()
+    thread.join(10)
+    assert "error" not in out and 0 < out["left"] <= 5  # the row's doorbell rang
