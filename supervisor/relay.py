@@ -182,6 +182,7 @@ class Relay:
         # of the add that wrote it, so its CONSUMER span links to that add's span
         with producer_span(self.queue, "relay", len(specs)):
             if floor is not None:  # the rows first: a floor that refuses admits nothing
+                self._check_leads()  # a relay stalled since its read writes no floor row
                 done = durable.relayed_rows(self.client, self.planner.keys, relayed,
                                             rolled_back=same is not None)
                 durable.write_before_admit(
@@ -194,12 +195,25 @@ class Relay:
                 durable.mark(self.client, self.planner.keys, [s[0] for s in specs])
         return relayed
 
+    def _check_leads(self) -> None:
+        """Raise NotLeader when the leader lease this relay runs under is another's (the
+        admit script checks it again, atomically with the admit)."""
+        if not self.leader:
+            return
+        held = self.client.get(self.planner.keys.leader)
+        if (held.decode() if isinstance(held, bytes) else held) != self.leader:
+            raise NotLeader("NOTLEADER the relay's scheduler no longer leads this queue")
+
     def _relayed(self, relayed: Sequence[tuple[str, str]]) -> int:
         """After the rows' delete committed: their guards are no longer needed, and their
         doorbells stay a minute for result() waiters (which went on at the admit)."""
         durable.trim_relayed(self.client, self.planner.keys, relayed)
         self.relayed += len(relayed)
         return len(relayed)
+
+
+class NotLeader(redis.RedisError):
+    """The relay's scheduler lost the queue's leader lease since it read the rows."""
 
 
 class StaleConnection(Exception):

@@ -400,3 +400,18 @@ def test_result_of_an_outbox_job_another_thread_waited_for_already_returns_it(
     go.set()
     thread.join(10)
     assert "error" not in out and 0 < out["left"] <= 5  # the row's doorbell rang
+
+
+def test_a_deposed_relay_under_durable_writes_no_floor_row(floor: Floor, server: LocalRedis
+                                                           ) -> None:
+    """Under "durable" the floor rows go first: a relay whose lease is another's writes
+    none (an open row of a job another leader relayed would come back after a wipe)."""
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("obf", redis=client)
+    with floor.engine.begin() as conn:
+        jid = q.add("x", {}, tx=conn)
+    client.set(q.keys.leader, "another|2")
+    relay = Relay("obf", client, floor.engine)
+    assert relay.run(floor, durable_dial=True, leader="me|1") == 0
+    assert "NOTLEADER" in relay.error and q.get(jid) is None
+    assert floor.open_rows("obf", None, 10) == []
