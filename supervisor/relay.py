@@ -23,7 +23,6 @@ reconnects with a growing pause) the relay runs each beat, as it always does on 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import redis
+from echomq.supervisor.outboxrows import parse_row, set_aside
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -133,7 +133,7 @@ class Relay:
                 _same_file(floor.engine, self.engine) else None
             relayed = self._admit(rows, floor, same)
             conn.execute(delete(outbox).where(outbox.c.id.in_([r[0] for r in rows])))
-        return self._relayed(relayed)
+        return self._relayed(relayed, len(rows))
 
     def _batch_pg(self, floor: Any) -> int:
         """One batch on PostgreSQL: ``BEGIN`` and the ``SELECT`` in one round trip, the
@@ -166,17 +166,26 @@ class Relay:
             except BaseException:
                 conn.invalidate()  # closed: the server rolls back and the row locks go
                 raise
-        return self._relayed(relayed)
+        return self._relayed(relayed, len(rows))
 
     def _admit(self, rows: Sequence[Any], floor: Any, same: Any) -> list[tuple[str, str]]:
         """Admit a batch's rows (under "durable", their floor rows first), guarded;
-        returns each row's job id and token."""
-        specs, tokens = [], []
+        returns each admitted row's job id and token. A row that holds no admit of its
+        job is set aside (dead with the reason) and leaves with the batch."""
+        specs, tokens, bad = [], [], []
         for row_id, job_id, text in rows:
-            spec = json.loads(text)
-            specs.append((job_id, spec["args"], spec["due"]))
+            parsed = parse_row(job_id, text)
+            if isinstance(parsed, str):
+                bad.append((int(row_id), job_id, text, parsed))
+                continue
+            specs.append(parsed[0])
             # a row an earlier version wrote has no token: its row id stands in
-            tokens.append(spec.get("t") or f"row{row_id}")
+            tokens.append(parsed[1] or f"row{row_id}")
+        if bad:
+            self._check_leads()
+            set_aside(self.client, self.planner.keys, self.queue, bad)
+        if not specs:
+            return []
         relayed = list(zip((s[0] for s in specs), tokens, strict=True))
         # a PRODUCER span of its own ("relay", the count): each job keeps the context
         # of the add that wrote it, so its CONSUMER span links to that add's span
@@ -204,12 +213,14 @@ class Relay:
         if (held.decode() if isinstance(held, bytes) else held) != self.leader:
             raise NotLeader("NOTLEADER the relay's scheduler no longer leads this queue")
 
-    def _relayed(self, relayed: Sequence[tuple[str, str]]) -> int:
-        """After the rows' delete committed: their guards are no longer needed, and their
-        doorbells stay a minute for result() waiters (which went on at the admit)."""
-        durable.trim_relayed(self.client, self.planner.keys, relayed)
+    def _relayed(self, relayed: Sequence[tuple[str, str]], rows: int) -> int:
+        """After the batch's delete committed (``rows`` rows): their guards are no longer
+        needed, and their doorbells stay a minute for result() waiters (which went on at
+        the admit). Returns ``rows``."""
+        if relayed:
+            durable.trim_relayed(self.client, self.planner.keys, relayed)
         self.relayed += len(relayed)
-        return len(relayed)
+        return rows
 
 
 class NotLeader(redis.RedisError):
