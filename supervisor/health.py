@@ -116,6 +116,9 @@ class Health:
                 ready = False  # e.g. Valkey refusing writes: PING alone would not show it
             if q["scheduler"] is not None and q["scheduler"].get("floor") != "none":
                 detail["queues"][name]["floor"] = q["scheduler"].get("floor", "n/a")
+            if q["scheduler"] is not None and "outbox" in q["scheduler"]:
+                # shown, not a reason to be unready: the consumers serve what is admitted
+                detail["queues"][name]["outbox"] = q["scheduler"]["outbox"]
         detail["ready"] = ready
         return (200 if ready else 503), detail
 

@@ -88,6 +88,7 @@ class SupervisorCollector:
         yield from (up, depth, totals, oldest, paused)
         yield from self._children(queues)
         yield from self._floor(queues)
+        yield from self._outbox(queues)
         yield from self._observed()
         own = own_figures()
         for metric_name, kind, help_text, value in (
@@ -143,6 +144,20 @@ class SupervisorCollector:
         for name, v in queues.items():
             wait.add_metric([name], int(v["claim_jobs"]), v["claim_wait_us"] / 1e6)
         yield wait
+
+    def _outbox(self, queues: dict[str, Any]) -> Iterator[Metric]:
+        relays = [(n, v["scheduler"]) for n, v in queues.items()
+                  if v["scheduler"] is not None and "outbox" in v["scheduler"]]
+        if not relays:
+            return
+        up = GaugeMetricFamily("echomq_outbox_up", "1 when the outbox relay's last batch "
+                               "went through", labels=["queue"])
+        relayed = CounterMetricFamily("echomq_outbox_relayed", "Outbox rows admitted by "
+                                      "this supervisor's relay", labels=["queue"])
+        for n, s in relays:
+            up.add_metric([n], 1.0 if s["outbox"] == "ok" else 0.0)
+            relayed.add_metric([n], float(s.get("relayed", 0)))
+        yield from (up, relayed)
 
     def _floor(self, queues: dict[str, Any]) -> Iterator[Metric]:
         sched = [(n, v["scheduler"]) for n, v in queues.items()

@@ -165,11 +165,16 @@ class Scheduler(Folding, Spilling, Rehydrating, Orphans):
                                   leader=f"{self.replica}|{self.fence}"))
 
     def snapshot(self) -> dict[str, Any]:
-        """Figures for /readyz and /metrics: floor state, leadership, folded, spilled, crons."""
+        """Figures for /readyz and /metrics: floor state, leadership, folded, spilled, crons,
+        and the outbox relay's state when it serves one."""
+        outbox = {} if self.relay is None else {
+            "outbox": "ok" if not self.relay.error else f"failing: {self.relay.error}",
+            "relayed": self.relay.relayed}
         if not self.has_floor:  # crons alone
             return {"floor": "none", "leader": self.fence is not None,
-                    "crons": len(self.crontab.specs), "cron_fired": self.crontab.fired}
-        return {
+                    "crons": len(self.crontab.specs), "cron_fired": self.crontab.fired,
+                    **outbox}
+        return {**outbox,
             "floor": "ok" if self.floor_ok else f"down: {self.floor_error}",
             "leader": self.fence is not None, "folded": self.folded, "closed": self.closed,
             "spilled": self.spilled, "restored": self.restored, "backlog": self.backlog,

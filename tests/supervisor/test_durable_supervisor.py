@@ -178,3 +178,60 @@ def test_a_supervisor_without_a_floor_relays_the_outbox_url(
     assert q.result(jid, timeout=30) == "ok"
     assert sup.proc.poll() is None
     engine.dispose()
+
+
+def test_a_failing_outbox_relay_shows_in_readyz_and_metrics(
+        private_redis: LocalRedis, queue_name: str, tmp_path: Path,
+        supervisor: Callable[..., Supervisor]) -> None:
+    """The application's database locked: the relay's batches fail, which /readyz and
+    /metrics say (the supervisor stays ready: its consumers run what is admitted), and
+    say no more once it is back and the row relayed."""
+    import json
+    import sqlite3
+    import urllib.error
+    import urllib.request
+
+    from echomq.supervisor.drills.localredis import free_port
+
+    path = tmp_path / "app.db"
+    with Floor.from_url(f"sqlite:///{path}") as db:
+        db.upgrade()
+    port = free_port()
+    supervisor(private_redis.url, queue_name, "--outbox-url", f"sqlite:///{path}",
+               "--beat-ms", "100", "--health-port", str(port)).started(1)
+    base = f"http://127.0.0.1:{port}"
+
+    def readyz() -> dict:  # type: ignore[type-arg]
+        try:
+            with urllib.request.urlopen(base + "/readyz", timeout=5) as resp:
+                return json.loads(resp.read())  # type: ignore[no-any-return]
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read())  # type: ignore[no-any-return]
+
+    def metrics() -> str:
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    outbox = lambda: readyz()["queues"][queue_name].get("outbox", "")  # noqa: E731
+    wait_until(lambda: outbox() == "ok", 10, "the relay ok in /readyz")
+    q = echomq.Queue(queue_name, redis_url=private_redis.url)
+    lock = sqlite3.connect(path, timeout=1, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")  # the relay's BEGIN IMMEDIATE waits out its timeout
+    try:
+        wait_until(lambda: outbox().startswith("failing"), 15, "the failing relay shown")
+        assert readyz()["ready"] is True
+        assert f'echomq_outbox_up{{queue="{queue_name}"}} 0.0' in metrics()
+        lock.execute("INSERT INTO emq_outbox (queue, job_id, spec, created_ms) VALUES "
+                     "(?, 'app-1', ?, 0)", (queue_name, json.dumps({"args": [
+                         "app-1", "j", "{}", "default", 3, 1, "", "", "", "", "0"],
+                         "due": None})))
+    finally:
+        lock.execute("COMMIT")
+        lock.close()
+    wait_until(lambda: outbox() == "ok", 15, "the relay back in /readyz")
+    wait_until(lambda: getattr(q.get("app-1"), "state", None) == "completed", 15,
+               "the row relayed and run")
+    text = metrics()
+    assert f'echomq_outbox_up{{queue="{queue_name}"}} 1.0' in text
+    assert f'echomq_outbox_relayed_total{{queue="{queue_name}"}} 1.0' in text
+    q.close()
