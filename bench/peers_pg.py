@@ -1,7 +1,8 @@
 """PostgreSQL queues side by side with EchoMQ's outbox and durable dial (bench/durable.py).
 
-Runs in a virtualenv of its own (``bench/.pgpeers-venv``: ``pip install pgqueuer
-procrastinate asyncpg "psycopg[binary]"``), which bench/durable.py starts with
+Runs in a virtualenv of its own (``bench/.pgpeers-venv``, on Python 3.12 or newer, which
+Oban for Python requires: ``pip install pgqueuer procrastinate oban asyncpg
+"psycopg[binary]"``), which bench/durable.py starts with
 ``--peers``; prints one JSON object, per peer, each part on a fresh database of the local
 PostgreSQL:
 
@@ -21,6 +22,11 @@ PostgreSQL:
   no enqueue on the caller's transaction outside Django: each call is its own commit.
   Workers: ``run_worker_async`` with ``listen_notify`` and an async task (drain:
   ``concurrency=10, wait=False``).
+- Oban for Python (``oban``): ``Oban.enqueue`` / ``enqueue_many`` with ``conn=`` (a psycopg
+  AsyncConnection in a transaction: its documented transactional insert); its
+  ``pg_notify('oban_insert')`` wakes the worker. Workers: ``Oban(pool=..., queues=
+  {"default": limit})`` with an async worker, limit 10 (its default) for the latency,
+  100 for the drain.
 """
 
 from __future__ import annotations
@@ -101,6 +107,62 @@ async def procrastinate() -> dict[str, float]:
             for b in range(BATCHES):
                 await task.batch_defer_async(*({"i": b * 100 + i} for i in range(100)))
             hundred = BATCHES * 100 / (time.perf_counter() - t)
+        return {"one_per_tx": one, "hundred_per_tx": hundred}
+    finally:
+        await _drop(url)
+
+
+class _Oban:
+    """Oban for Python's no-op worker, made the same way in the parent and in a worker
+    process (Oban resolves a job's worker by its registered name)."""
+
+    cls: Any = None
+
+    @classmethod
+    def worker(cls, mode: str = "drain") -> Any:
+        if cls.cls is None:
+            from oban import worker
+
+            class ObanJob:
+                async def process(self, job: Any) -> None:
+                    if mode == "latency":
+                        _print_start(job.args["i"])
+
+            # the same name in every process, however this file was started
+            ObanJob.__module__, ObanJob.__qualname__ = "peers_pg", "ObanJob"
+            cls.cls = worker(queue="default")(ObanJob)
+        return cls.cls
+
+
+async def _oban_schema(url: str) -> None:
+    from oban.schema import install_sql
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
+        await c.execute(install_sql())
+
+
+async def oban() -> dict[str, float]:
+    from oban import Oban
+
+    url = await _database("oban")
+    try:
+        await _oban_schema(url)
+        pool = await Oban.create_pool(url, min_size=1, max_size=2)
+        client = Oban(pool=pool)  # client mode: it enqueues, runs nothing
+        job = _Oban.worker()
+        async with await psycopg.AsyncConnection.connect(url) as conn:
+            t = time.perf_counter()
+            for i in range(SINGLE):
+                async with conn.transaction():
+                    await client.enqueue(job.new({"i": i}), conn=conn)
+            one = SINGLE / (time.perf_counter() - t)
+            t = time.perf_counter()
+            for b in range(BATCHES):
+                async with conn.transaction():
+                    await client.enqueue_many([job.new({"i": b * 100 + i})
+                                               for i in range(100)], conn=conn)
+            hundred = BATCHES * 100 / (time.perf_counter() - t)
+        await pool.close()
         return {"one_per_tx": one, "hundred_per_tx": hundred}
     finally:
         await _drop(url)
@@ -197,6 +259,49 @@ async def procrastinate_worker(mode: str, url: str) -> None:
                                    install_signal_handlers=True)
 
 
+async def oban_worker(mode: str, url: str) -> None:
+    from oban import Oban
+
+    _Oban.worker(mode)
+    pool = await Oban.create_pool(url, min_size=2, max_size=4)
+    # the queue's limit is its concurrency (10 by default): 100 for the drain of no-op
+    # async jobs, as for procrastinate's concurrency
+    async with Oban(pool=pool, queues={"default": 10 if mode == "latency" else 100}):
+        await asyncio.Event().wait()  # until the parent's SIGTERM
+
+
+async def oban_run() -> dict[str, float]:
+    from oban import Oban
+
+    out: dict[str, float] = await oban()
+    url = await _database("oban")
+    try:
+        await _oban_schema(url)
+        pool = await Oban.create_pool(url, min_size=1, max_size=2)
+        client = Oban(pool=pool)
+        job = _Oban.worker()
+        async with await psycopg.AsyncConnection.connect(url) as conn:
+
+            async def enqueue(i: int) -> None:
+                async with conn.transaction():
+                    await client.enqueue(job.new({"i": i}), conn=conn)
+
+            out.update(await _latency("oban", url, enqueue))
+            await conn.execute("DELETE FROM oban_jobs")
+            await conn.commit()
+            for start in range(0, JOBS, 1000):
+                async with conn.transaction():
+                    await client.enqueue_many([job.new({"i": 0})
+                                               for _ in range(min(1000, JOBS - start))],
+                                              conn=conn)
+        await pool.close()
+        out["drain"] = await _drain("oban", url, "SELECT count(*) FROM oban_jobs WHERE state "
+                                    "IN ('available', 'scheduled', 'executing', 'retryable')")
+        return out
+    finally:
+        await _drop(url)
+
+
 async def pgqueuer_run() -> dict[str, float]:
     import asyncpg
     from pgqueuer.queries import Queries
@@ -250,14 +355,16 @@ async def procrastinate_run() -> dict[str, float]:
 
 
 async def main() -> None:
-    out = {"pgqueuer": await pgqueuer_run(), "procrastinate": await procrastinate_run()}
+    out = {"pgqueuer": await pgqueuer_run(), "procrastinate": await procrastinate_run(),
+           "oban": await oban_run()}
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
     if WORKER:
         peer, mode, url = sys.argv[2:5]
-        worker = pgqueuer_worker if peer == "pgqueuer" else procrastinate_worker
+        worker = {"pgqueuer": pgqueuer_worker, "procrastinate": procrastinate_worker,
+                  "oban": oban_worker}[peer]
         try:
             asyncio.run(worker(mode, url))
         except KeyboardInterrupt:
