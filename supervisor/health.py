@@ -19,6 +19,8 @@ from echomq.supervisor.httpd import Request, Response, Server
 from echomq.supervisor.metrics import build_registry
 from echomq.supervisor.observations import Tally
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from echomq.connection import client_from_url
 from echomq.ops.dashboard import PASSED_HEADERS
@@ -39,7 +41,10 @@ class Health:
         self.request_timeout_s = request_timeout_s
         self.snapshot = snapshot
         self.live_after_s = live_after_s
-        self.client = client_from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        # one attempt per call: a probe says what it finds now (redis-py's retries, a cluster
+        # client's slot-map refreshes between them, took seconds per call with a master down)
+        self.client = client_from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0,
+                                      retry=Retry(NoBackoff(), 0))
         self.registry = build_registry(snapshot, self.client, tally)
         self.dashboard: Any = None
         if dashboard:

@@ -8,6 +8,7 @@ read when scraped, so nothing is kept twice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from itertools import accumulate
 from typing import Any
@@ -28,6 +29,7 @@ from echomq import scripts
 from echomq.job import STATES
 from echomq.keys import Keys
 
+VALKEY_BUDGET_S = 2.0  # a scrape's reads of Valkey, all queues (the answer's bound is 5 s)
 SURVEY_LANES = 100  # lanes whose head job is looked at for the oldest (bounded per scrape)
 
 
@@ -64,8 +66,15 @@ class SupervisorCollector:
         paused = GaugeMetricFamily("echomq_queue_paused", "1 while the queue is paused",
                                    labels=["queue"])
         reachable = 1.0
+        # the scrape answers within its connection's bound: once Valkey has taken this
+        # long (a frozen node, calls each waiting out their socket timeout), the queues
+        # not read yet are left out, and echomq_up says 0
+        deadline = time.monotonic() + VALKEY_BUDGET_S
         for name in queues:
             k = Keys(name)
+            if time.monotonic() > deadline:
+                reachable = 0.0
+                continue
             try:
                 values = scripts.counts(self.client, k, fast=True)  # O(1) in the lanes
                 _, _, head_ms, now_ms, _ = scripts.survey(self.client, k, SURVEY_LANES, 0,

@@ -243,6 +243,27 @@ def test_readyz_turns_unready_when_valkey_stops(supervisor: Start, queue_name: s
         assert json.loads(resp.read())["valkey"] == "ok"
 
 
+def test_metrics_answer_while_valkey_is_frozen_with_many_queues(
+        supervisor: Start, queue_name: str, private_redis: LocalRedis) -> None:
+    """Valkey stopped (SIGSTOP): each queue's read waits out its socket timeout. The
+    scrape leaves the queues out once its budget is spent and answers, saying
+    echomq_up 0, instead of running past its connection's bound (cut, no answer)."""
+    names = [f"{queue_name}-{i}" for i in range(8)]
+    port = free_port()
+    supervisor(private_redis.url, ",".join(names), "--processes", "1", "--health-port",
+               str(port), "--beat-ms", "200").started(len(names))
+    base = f"http://127.0.0.1:{port}"
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+        assert "echomq_up 1.0" in resp.read().decode()
+    private_redis.pause()
+    try:
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        assert "echomq_up 0.0" in text
+    finally:
+        private_redis.resume()
+
+
 def test_start_fails_at_once_when_the_handler_cannot_be_imported(redis_url: str) -> None:
     import subprocess
 
