@@ -49,6 +49,10 @@ RELAY_BATCH = 500
 RELAY_CONNECT_TIMEOUT_S = 2
 RELAY_STATEMENT_TIMEOUT_MS = 5000
 RELAY_LOCK_TIMEOUT_MS = 2000  # a table lock (a migration) fails the batch before that bound
+# a relay stopped between its read and its commit (a frozen process) has its session ended
+# by the server after this, so its rows' locks go and the next leader relays them (its own
+# admit, if it resumes, is refused: its lease is gone)
+RELAY_IDLE_IN_TX_MS = 30_000
 _engines: dict[str, Engine] = {}  # the relay's own PostgreSQL pools, by URL
 _engines_lock = threading.Lock()
 
@@ -261,7 +265,7 @@ def _relay_engine(engine: Engine) -> Engine:
                 url, connect_timeout_s=RELAY_CONNECT_TIMEOUT_S,
                 statement_timeout_ms=RELAY_STATEMENT_TIMEOUT_MS,
                 lock_timeout_ms=RELAY_LOCK_TIMEOUT_MS, pre_ping=False,
-                autocommit=True)
+                autocommit=True, idle_in_transaction_ms=RELAY_IDLE_IN_TX_MS)
         return own
 
 

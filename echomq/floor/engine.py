@@ -81,7 +81,8 @@ def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
                 statement_timeout_ms: int = PG_STATEMENT_TIMEOUT_MS,
                 lock_timeout_ms: int = PG_LOCK_TIMEOUT_MS,
                 tcp_user_timeout_ms: int = PG_TCP_USER_TIMEOUT_MS,
-                pre_ping: bool = True, autocommit: bool = False) -> Engine:
+                pre_ping: bool = True, autocommit: bool = False,
+                idle_in_transaction_ms: int = 0) -> Engine:
     """Create the floor's engine for a SQLite or PostgreSQL URL.
 
     Every wait of one call is bounded: on SQLite the wait for a locked file
@@ -92,7 +93,9 @@ def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
     given in the URL's query win over these. On PostgreSQL, ``pre_ping`` tests a
     pooled connection with a round trip at each checkout, and ``autocommit``
     leaves transactions to the caller's own ``BEGIN`` (the outbox relay's, which
-    sends it with its first statement).
+    sends it with its first statement). ``idle_in_transaction_ms`` (PostgreSQL, 0 for
+    none): the server ends a session left idle that long inside a transaction, rolling
+    it back and freeing its row locks (a process stopped mid-transaction).
     """
     parsed = normalize_url(url)
     try:
@@ -102,7 +105,8 @@ def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
             GATE.watch(engine)  # no fork while another thread is inside SQLite
             return engine
         connect_args = _pg_connect_args(parsed, connect_timeout_s, statement_timeout_ms,
-                                        lock_timeout_ms, tcp_user_timeout_ms)
+                                        lock_timeout_ms, tcp_user_timeout_ms,
+                                        idle_in_transaction_ms)
         options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
         return create_engine(parsed, pool_pre_ping=pre_ping, connect_args=connect_args,
                              **options)
@@ -111,7 +115,8 @@ def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
 
 
 def _pg_connect_args(parsed: URL, connect_timeout_s: int, statement_timeout_ms: int,
-                     lock_timeout_ms: int, tcp_user_timeout_ms: int) -> dict[str, Any]:
+                     lock_timeout_ms: int, tcp_user_timeout_ms: int,
+                     idle_in_transaction_ms: int = 0) -> dict[str, Any]:
     """libpq connection parameters bounding every wait, unless the URL sets them."""
     args: dict[str, Any] = {"connect_timeout": connect_timeout_s,
                             "tcp_user_timeout": tcp_user_timeout_ms, **PG_KEEPALIVES}
@@ -119,6 +124,9 @@ def _pg_connect_args(parsed: URL, connect_timeout_s: int, statement_timeout_ms: 
     if "options" not in parsed.query:
         args["options"] = (f"-c statement_timeout={int(statement_timeout_ms)} "
                            f"-c lock_timeout={int(lock_timeout_ms)}")
+        if idle_in_transaction_ms > 0:
+            args["options"] += (" -c idle_in_transaction_session_timeout="
+                                f"{int(idle_in_transaction_ms)}")
     return args
 
 

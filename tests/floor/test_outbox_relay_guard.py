@@ -415,3 +415,51 @@ def test_a_deposed_relay_under_durable_writes_no_floor_row(floor: Floor, server:
     assert relay.run(floor, durable_dial=True, leader="me|1") == 0
     assert "NOTLEADER" in relay.error and q.get(jid) is None
     assert floor.open_rows("obf", None, 10) == []
+
+
+def test_a_relay_stopped_inside_its_transaction_frees_its_rows_for_the_next_leader(
+        pg_floor: Floor, server: LocalRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Relay A stops (a frozen process) between its read and its commit, its rows locked:
+    the server ends its idle session after the relay's bound, so the next leader's relay
+    takes the rows instead of skipping them for as long as A is stopped."""
+    import threading
+
+    from echomq.supervisor import relay as relay_mod
+
+    monkeypatch.setattr(relay_mod, "RELAY_IDLE_IN_TX_MS", 300)
+    relay_mod.close_relay_pools()  # made again with that bound
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("obs", redis=client, keep_completed=0)
+    with pg_floor.engine.begin() as conn:
+        jid = q.add("x", {}, tx=conn)
+    client.set(q.keys.leader, "a|1")
+    read, resume = threading.Event(), threading.Event()
+
+    class Stopped(Relay):
+        def _admit(self, rows: Any, floor: Any, same: Any) -> Any:
+            read.set()
+            resume.wait(30)
+            return super()._admit(rows, floor, same)
+
+    a = Stopped("obs", client, pg_floor.engine)
+    thread = threading.Thread(target=a.run, kwargs={"leader": "a|1"})
+    thread.start()
+    try:
+        assert read.wait(10)
+        client.set(q.keys.leader, "b|2")
+        b = Relay("obs", client, pg_floor.engine)
+        deadline = time.monotonic() + 10
+        while b.run(leader="b|2") == 0:  # skipped while A's row lock holds
+            assert time.monotonic() < deadline, "the stopped relay's rows stayed locked"
+            time.sleep(0.05)
+        ran: list[str] = []
+        echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+        assert ran == [jid]
+    finally:
+        resume.set()
+        thread.join(30)
+        relay_mod.close_relay_pools()
+    assert "NOTLEADER" in a.error
+    echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+    assert ran == [jid]
+    q.close()
