@@ -184,8 +184,19 @@ class Scheduler(Folding, Spilling, Rehydrating, Orphans):
             "crons": len(self.crontab.specs), "cron_fired": self.crontab.fired,
         }
 
-    def close(self) -> None:
-        """Hand the leadership on at once, if this replica holds it."""
+    def close(self, flush: bool = True) -> None:
+        """Hand the leadership on at once, if this replica holds it; first (``flush``)
+        write what the floor is owed since the last beat: the rows of jobs deferred, and
+        the closes of jobs finished (a loss of Valkey's data before the next leader's beat
+        would run those again). Bounded by one tick's budget."""
+        if self.fence is not None and self.has_floor and flush and self.floor_ok:
+            self.budget_end = time.monotonic() + TICK_BUDGET_S
+            try:
+                self._fold()
+                self._close()
+            except (*UNAVAILABLE_ERRORS, FloorError, StaleFence) as exc:
+                log.info("queue %s: the floor's last writes before the hand-over failed "
+                         "(the next leader makes them): %s", self.queue, exc)
         if self.fence is not None:
             try:  # hand leadership on at once instead of after the lease runs out
                 held = self.client.get(self.keys.leader)
@@ -245,6 +256,10 @@ class Scheduler(Folding, Spilling, Rehydrating, Orphans):
         if not floor_work:  # the floor is backing off: the lease is renewed, nothing more
             return
         rehydrating = not epoch or epoch.startswith(REHYDRATING)
+        if rehydrating and int(closed_len):
+            # jobs finish while a rehydration takes its beats: their rows close at each
+            # (one left open until it ended would run again at a loss in that time)
+            self._close()
         if rehydrating and not self._rehydrate(int(server_now), epoch):
             return
         self.crontab.sync_floor(fence)
@@ -351,7 +366,8 @@ class SchedulerThread:
         self._stop.set()
         self._wake.set()
         self._thread.join(self.JOIN_S)  # a beat stuck past its timeouts is left to exit with us
-        self.scheduler.close()
+        # the floor's last writes only from a thread of its own: not beside a stuck beat
+        self.scheduler.close(flush=not self._thread.is_alive())
 
     def _run(self) -> None:
         while True:

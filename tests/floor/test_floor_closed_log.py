@@ -69,3 +69,41 @@ def test_finished_jobs_lose_their_rows_and_a_spilled_id_keeps_its_own(
     _tick(scheduler)
     assert _open(floor, "cls") == ["far"]
     assert client.llen(q.keys.closed) == 0
+
+
+def test_a_scheduler_that_stops_closes_the_rows_of_the_jobs_finished_since_its_last_beat(
+        floor: Floor, server: LocalRedis) -> None:
+    """A supervisor stopped (SIGTERM) between two beats: the jobs its consumers finished
+    meanwhile have their rows closed before it hands the lead on, not whenever the next
+    leader's beat gets to them (a loss of Valkey's data meanwhile ran them again)."""
+    client = redis.Redis.from_url(server.url)
+    scheduler = Scheduler("clc", client, floor, beat_ms=100, horizon_s=3600)
+    _tick(scheduler)  # leads: the queue folds
+    q = echomq.Queue("clc", redis=client, floor=floor, durability="durable")
+    ids = q.add_many([("x", {"n": i}) for i in range(3)])
+    assert sorted(_open(floor, "clc")) == sorted(ids)
+    echomq.Consumer(q, lambda job: None).run(burst=True)
+    assert client.llen(q.keys.closed) == 3
+    scheduler.close()
+    assert _open(floor, "clc") == []
+    assert client.get(q.keys.leader) is None  # and the lead is handed on
+    q.close()
+
+
+def test_rows_of_jobs_finished_during_a_long_rehydration_close_each_beat(
+        floor: Floor, server: LocalRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rehydration that takes many beats (a big floor) closes, at each of them, the rows
+    of the jobs finished meanwhile: their rows open until it ended were run again by a
+    loss of Valkey's data in that time."""
+    client = redis.Redis.from_url(server.url)
+    scheduler = Scheduler("cld", client, floor, beat_ms=100, horizon_s=3600)
+    _tick(scheduler)
+    q = echomq.Queue("cld", redis=client, floor=floor, durability="durable")
+    ids = q.add_many([("x", {"n": i}) for i in range(3)])
+    client.delete(q.keys.epoch)  # Valkey lost its data, as far as the scheduler can tell
+    monkeypatch.setattr(Scheduler, "_rehydrate", lambda self, now, epoch: False)  # unended
+    echomq.Consumer(q, lambda job: None).run(burst=True)
+    _tick(scheduler)
+    assert _open(floor, "cld") == []
+    assert sorted(ids) and client.llen(q.keys.closed) == 0
+    q.close()
