@@ -185,8 +185,11 @@ class Relay:
             specs.append(parsed[0])
             # a row an earlier version wrote has no token: its row id stands in
             tokens.append(parsed[1] or f"row{row_id}")
-        if bad:
+        if bad or (specs and floor is not None):
+            # a relay stalled since its read buries nothing and writes no floor row (its
+            # admit is checked again in the script, atomically)
             self._check_leads()
+        if bad:
             set_aside(self.client, self.planner.keys, self.queue, bad)
         if not specs:
             return []
@@ -195,7 +198,6 @@ class Relay:
         # of the add that wrote it, so its CONSUMER span links to that add's span
         with producer_span(self.queue, "relay", len(specs)):
             if floor is not None:  # the rows first: a floor that refuses admits nothing
-                self._check_leads()  # a relay stalled since its read writes no floor row
                 done = durable.relayed_rows(self.client, self.planner.keys, relayed,
                                             rolled_back=same is not None)
                 durable.write_before_admit(

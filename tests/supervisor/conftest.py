@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -9,14 +10,26 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 CLI = [sys.executable, "-m", "echomq.supervisor.cli"]
+
+
+def readyz(base: str) -> dict[str, Any]:
+    """The health port's /readyz body at ``base`` (http://host:port), ready or not."""
+    try:
+        with urllib.request.urlopen(base + "/readyz", timeout=5) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read())  # type: ignore[no-any-return]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:

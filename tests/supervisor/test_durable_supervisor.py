@@ -19,7 +19,7 @@ from echomq import scripts
 from echomq.errors import ConnectionFailed
 from echomq.floor import Floor
 
-from .conftest import Supervisor, wait_until
+from .conftest import Supervisor, readyz, wait_until
 from .proxy import Proxy, script
 
 
@@ -201,25 +201,18 @@ def test_a_failing_outbox_relay_shows_in_readyz_and_metrics(
                "--beat-ms", "100", "--health-port", str(port)).started(1)
     base = f"http://127.0.0.1:{port}"
 
-    def readyz() -> dict:  # type: ignore[type-arg]
-        try:
-            with urllib.request.urlopen(base + "/readyz", timeout=5) as resp:
-                return json.loads(resp.read())  # type: ignore[no-any-return]
-        except urllib.error.HTTPError as exc:
-            return json.loads(exc.read())  # type: ignore[no-any-return]
-
     def metrics() -> str:
         with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
             return resp.read().decode()
 
-    outbox = lambda: readyz()["queues"][queue_name].get("outbox", "")  # noqa: E731
+    outbox = lambda: readyz(base)["queues"][queue_name].get("outbox", "")  # noqa: E731
     wait_until(lambda: outbox() == "ok", 10, "the relay ok in /readyz")
     q = echomq.Queue(queue_name, redis_url=private_redis.url)
     lock = sqlite3.connect(path, timeout=1, isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")  # the relay's BEGIN IMMEDIATE waits out its timeout
     try:
         wait_until(lambda: outbox().startswith("failing"), 15, "the failing relay shown")
-        assert readyz()["ready"] is True
+        assert readyz(base)["ready"] is True
         assert f'echomq_outbox_up{{queue="{queue_name}"}} 0.0' in metrics()
         lock.execute("INSERT INTO emq_outbox (queue, job_id, spec, created_ms) VALUES "
                      "(?, 'app-1', ?, 0)", (queue_name, json.dumps({"args": [

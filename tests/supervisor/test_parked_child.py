@@ -69,6 +69,16 @@ def _said(sock: socket.socket) -> bytes:
         return b""
 
 
+def _hand(arbiter: Arbiter, theirs: list[socket.socket]) -> Child:
+    """Arm the queue's doorbell: the first stand-in consumer is handed it (B said)."""
+    arbiter.doorbells.arm_all(time.monotonic())
+    assert _said(theirs[0]) == protocol.BELL
+    (rt,) = arbiter.queues.values()
+    child = rt.slots[0].child
+    assert child is not None
+    return child
+
+
 def _tell(arbiter: Arbiter, slot: int, line: str, theirs: list[socket.socket]) -> None:
     """A stand-in child says ``line``; the arbiter reads it."""
     (rt,) = arbiter.queues.values()
@@ -105,8 +115,7 @@ def test_a_ring_the_holder_took_hands_the_doorbell_to_the_next_idle_child(
         redis_url: str, queue_name: str) -> None:
     with _arbiter(redis_url, queue_name, 2) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
-        arbiter.doorbells.arm_all(time.monotonic())
-        assert _said(theirs[0]) == protocol.BELL
+        _hand(arbiter, theirs)
         rings = rt.metronome.rings
         _tell(arbiter, 0, "RUNG w", theirs)
         first = rt.slots[0].child
@@ -126,8 +135,7 @@ def test_a_schedule_head_the_holder_popped_sets_the_promote_timer_and_it_stays_p
         (rt,) = arbiter.queues.values()
         rt.metronome.server_offset_ms = 0.0  # server ms = monotonic ms, for the check
         rt.metronome.next_promote = float("inf")
-        arbiter.doorbells.arm_all(time.monotonic())
-        assert _said(theirs[0]) == protocol.BELL
+        _hand(arbiter, theirs)
         _tell(arbiter, 0, "RUNG d 123456", theirs)
         assert rt.metronome.next_promote == 123.456 and rt.metronome.head_ms == 123456
         assert rt.metronome.doorbell.next_due_ms == 123456  # put back when it stops
@@ -138,8 +146,7 @@ def test_a_failed_park_gives_the_doorbell_back(redis_url: str, queue_name: str) 
     r = redis.Redis.from_url(redis_url)
     with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
-        arbiter.doorbells.arm_all(time.monotonic())
-        assert _said(theirs[0]) == protocol.BELL
+        _hand(arbiter, theirs)
         _tell(arbiter, 0, protocol.UNPARKED, theirs)
         assert rt.bell_holder is None
         r.delete(Keys(queue_name).wake)  # its ring again (a test of its own) taken away
@@ -149,8 +156,7 @@ def test_a_failed_park_gives_the_doorbell_back(redis_url: str, queue_name: str) 
         assert _said(theirs[0]) == b"" and rt.metronome.doorbell.armed
         rt.metronome.doorbell.cancel()
         rt.park_after = 0.0  # the beat has passed
-        arbiter.doorbells.arm_all(time.monotonic())
-        assert _said(theirs[0]) == protocol.BELL
+        _hand(arbiter, theirs)
 
 
 def test_a_failed_park_is_not_handed_to_a_sibling_for_a_beat(redis_url: str,
@@ -177,8 +183,7 @@ def test_work_found_with_only_the_holder_idle_rings_it_instead_of_a_poke(
     keys = Keys(queue_name)
     with _arbiter(redis_url, queue_name, 2) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
-        arbiter.doorbells.arm_all(time.monotonic())
-        assert _said(theirs[0]) == protocol.BELL
+        _hand(arbiter, theirs)
         arbiter.doorbells.found_work(rt, time.monotonic())
         assert [_said(s) for s in theirs] == [b"", protocol.POKE]  # the sibling
         r.delete(keys.wake)
@@ -197,8 +202,7 @@ def test_a_promote_with_only_the_holder_idle_rings_from_the_server(
     q = echomq.Queue(queue_name, redis_url=redis_url)
     with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
-        arbiter.doorbells.arm_all(time.monotonic())
-        assert _said(theirs[0]) == protocol.BELL
+        _hand(arbiter, theirs)
         q.add("x", {}, delay=0.05)
         r.delete(keys.wake)
         wait_until(lambda: float(r.zrange(keys.schedule, 0, 0, withscores=True)[0][1])
@@ -218,10 +222,7 @@ def test_a_holder_that_dies_has_the_doorbell_rung_once_and_taken_back(
     keys = Keys(queue_name)
     with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
-        arbiter.doorbells.arm_all(time.monotonic())
-        assert _said(theirs[0]) == protocol.BELL
-        child = rt.slots[0].child
-        assert child is not None
+        child = _hand(arbiter, theirs)
         r.delete(keys.wake)
         arbiter.children.on_exit(child, 9)  # killed by SIGKILL while parked
         assert rt.bell_holder is None
@@ -280,10 +281,7 @@ def test_an_idle_from_the_holder_gives_the_doorbell_back(redis_url: str, queue_n
     beside a poke (and dropped) leaves no holder that parks nothing."""
     with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
-        arbiter.doorbells.arm_all(time.monotonic())
-        assert _said(theirs[0]) == protocol.BELL
-        child = rt.slots[0].child
-        assert child is not None
+        child = _hand(arbiter, theirs)
         child.poked_at = time.monotonic()  # no work seen since: its IDLE is not re-poked
         _tell(arbiter, 0, f"{protocol.IDLE} 0 0", theirs)
         assert rt.bell_holder is None and _said(theirs[0]) == b""
@@ -301,10 +299,7 @@ def test_a_silent_holder_is_taken_the_doorbell_and_a_thawed_one_is_poked_off_it(
     keys = Keys(queue_name)
     with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
-        arbiter.doorbells.arm_all(time.monotonic())
-        assert _said(theirs[0]) == protocol.BELL
-        child = rt.slots[0].child
-        assert child is not None
+        child = _hand(arbiter, theirs)
         deadline = arbiter.doorbells.holder_deadline(rt)
         assert deadline is not None and deadline == child.parked_seen + 2 * 5.0 + 5.0
         _tell(arbiter, 0, protocol.PARKED, theirs)  # alive: its deadline moves on
@@ -540,10 +535,7 @@ def test_a_thawed_child_already_poked_is_not_poked_twice(redis_url: str,
                                                          queue_name: str) -> None:
     with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
-        arbiter.doorbells.arm_all(time.monotonic())
-        assert _said(theirs[0]) == protocol.BELL
-        child = rt.slots[0].child
-        assert child is not None
+        child = _hand(arbiter, theirs)
         assert arbiter.doorbells.poke(rt, child)  # e.g. every idle child after an outage
         assert _said(theirs[0]) == protocol.POKE and rt.bell_holder is None
         _tell(arbiter, 0, protocol.PARKED, theirs)  # said before it read the poke
@@ -556,8 +548,7 @@ def test_a_failed_park_rings_once_for_a_ring_its_call_may_have_taken(
     keys = Keys(queue_name)
     with _arbiter(redis_url, queue_name, 1) as (arbiter, theirs):
         (rt,) = arbiter.queues.values()
-        arbiter.doorbells.arm_all(time.monotonic())
-        assert _said(theirs[0]) == protocol.BELL
+        _hand(arbiter, theirs)
         r.delete(keys.wake)
         rt.metronome.next_promote = float("inf")
         _tell(arbiter, 0, protocol.UNPARKED, theirs)

@@ -19,7 +19,7 @@ from echomq.supervisor.metronome import PARK_BEATS
 
 import echomq
 
-from .conftest import CLI, ROOT, Supervisor, wait_until
+from .conftest import CLI, ROOT, Supervisor, readyz, wait_until
 
 Start = Callable[..., Supervisor]
 
@@ -422,22 +422,15 @@ def test_a_floor_outage_shows_in_readyz_and_metrics(
                "--beat-ms", "100", "--health-port", str(port)).started(1)
     base = f"http://127.0.0.1:{port}"
 
-    def readyz() -> dict:  # type: ignore[type-arg]
-        try:
-            with urllib.request.urlopen(base + "/readyz", timeout=5) as resp:
-                return json.loads(resp.read())  # type: ignore[no-any-return]
-        except urllib.error.HTTPError as exc:
-            return json.loads(exc.read())  # type: ignore[no-any-return]
-
-    wait_until(lambda: readyz()["queues"][queue_name].get("floor") == "ok", 10, "floor ok")
+    wait_until(lambda: readyz(base)["queues"][queue_name].get("floor") == "ok", 10, "floor ok")
     lock = sqlite3.connect(path, timeout=1)
     lock.execute("BEGIN EXCLUSIVE")  # every writer now waits out its busy timeout and fails
     q = echomq.Queue(queue_name, redis_url=redis_url)
     job_id = q.add("x", {}, delay=0.5)  # a deferred job for the scheduler to fold
     try:
-        wait_until(lambda: readyz()["queues"][queue_name]["floor"].startswith("down"), 10,
+        wait_until(lambda: readyz(base)["queues"][queue_name]["floor"].startswith("down"), 10,
                    "the outage in /readyz")
-        assert readyz()["ready"] is True  # the queue keeps running on Valkey alone
+        assert readyz(base)["ready"] is True  # the queue keeps running on Valkey alone
         with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
             assert f'echomq_floor_up{{queue="{queue_name}"}} 0.0' in resp.read().decode()
         wait_until(lambda: q.get(job_id).state == "completed", 10,  # type: ignore[union-attr]
@@ -445,7 +438,7 @@ def test_a_floor_outage_shows_in_readyz_and_metrics(
     finally:
         lock.rollback()
         lock.close()
-    wait_until(lambda: readyz()["queues"][queue_name]["floor"] == "ok", 15, "floor back")
+    wait_until(lambda: readyz(base)["queues"][queue_name]["floor"] == "ok", 15, "floor back")
 
 
 def test_start_refuses_a_queue_whose_consumers_park_on_the_other_doorbell(
