@@ -6,6 +6,12 @@ it finds in another process (``_checkpid``) under that lock, so the first use of
 inherited pool in the child, or a destructor handing a connection back to one (a client
 or PubSub the child drops), waits for good. The pools EchoMQ builds are tracked here and
 their locks made anew in every child, before any other after-fork hook runs.
+
+The same holds for the locks OpenSSL keeps inside a TLS context (its client key's, taken
+while a handshake signs with it). redis-py shares one ``SSLContext`` per TLS configuration
+in a process; a child that reused the parent's would wait for good on a lock a parent
+thread held mid-handshake at the fork. Each child forgets the shared contexts and builds
+its own at its first connection.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import os
 import threading
 import weakref
 from typing import Any
+
+import redis.utils
 
 _pools: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -31,11 +39,20 @@ def tracked(client: Any) -> Any:
 
 
 def _fresh_locks() -> None:
-    """In the child: new, free locks for every tracked pool (its reset then runs as ever)."""
+    """In the child: new, free locks for every tracked pool (its reset then runs as ever),
+    and no TLS context shared with the parent."""
     for pool in list(_pools):
         for name in ("_lock", "_fork_lock"):
             if hasattr(pool, name):
                 setattr(pool, name, threading.RLock())
+    _forget_tls_contexts()
+
+
+def _forget_tls_contexts() -> None:
+    """Drop redis-py's process-wide cache of TLS contexts (redis-py >= 8 keeps one)."""
+    shared = getattr(redis.utils, "_SHARED_SSL_CONTEXTS", None)
+    if shared is not None:
+        shared.clear()
 
 
 os.register_at_fork(after_in_child=_fresh_locks)

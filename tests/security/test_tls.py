@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import echomq
+from echomq.connection import client_from_url
 from echomq.ops import cli as ops_cli
 
 from .certs import Certs
@@ -130,6 +133,47 @@ def test_client_certificates_in_the_url_reach_every_supervisor_connection(
         assert info["connected_clients"] >= 3  # the supervisor's, its consumer's, ours
     finally:
         server.stop()
+
+
+def test_a_forked_process_builds_its_own_tls_context(certs: Certs) -> None:
+    # redis-py shares one SSLContext per TLS configuration in a process. A fork copies
+    # it with the locks OpenSSL holds inside it at that moment: a supervisor thread in a
+    # handshake (signing with the client key) left a consumer's own handshake waiting
+    # on the key's lock for good, its queue's jobs never claimed. A child builds anew.
+    server = tls_server(certs, client_certs="yes")
+    try:
+        url = (f"rediss://127.0.0.1:{server.port}/0?ssl_ca_certs={certs.ca}"
+               f"&ssl_certfile={certs.client_cert}&ssl_keyfile={certs.client_key}")
+        parent = client_from_url(url)
+        parent.ping()
+        parent_context = id(_tls_context(parent))
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: a client of its own, as a forked consumer makes
+            try:
+                child = client_from_url(url)
+                child.ping()
+                os.write(writer, b"same" if id(_tls_context(child)) == parent_context
+                         else b"own")
+            finally:
+                os._exit(0)
+        os.close(writer)
+        try:
+            with os.fdopen(reader, "rb") as said:
+                assert said.read() == b"own"
+        finally:
+            os.waitpid(pid, 0)
+        parent.close()
+    finally:
+        server.stop()
+
+
+def _tls_context(client: redis.Redis) -> ssl.SSLContext:
+    conn = client.connection_pool.get_connection()
+    try:
+        return conn._sock.context  # type: ignore[union-attr]
+    finally:
+        client.connection_pool.release(conn)
 
 
 def test_json_logs_name_the_tls_url_without_secrets(
