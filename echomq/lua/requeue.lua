@@ -3,7 +3,9 @@
   given (rehydration under the "durable" dial, after Valkey lost its data).
 
   Idempotent: a job whose hash exists is left alone (it is in Valkey already), unless
-  that hash is a spilled job's stub. A requeued job is "waiting" with every field of
+  that hash is a spilled job's stub; so is a job whose hash is gone with its id among
+  the tombstones (settle.lua: it completed and retention dropped it before the beat
+  closed its row, as a job added during a rehydration can). A requeued job is "waiting" with every field of
   its row (its lease token and lane-limit mark dropped, "deferred" 1: its floor row
   stays open until it finishes) and goes to the tail of its lane (priority levels
   above 0: "lane<p>:<lane>", ring "ring<p>", level in prios); a lane that goes from
@@ -31,7 +33,8 @@ while i <= #ARGV do
   local n = tonumber(ARGV[i + 1])
   local jk = prefix .. 'job:' .. id
   local held = redis.call('HMGET', jk, 'state', 'spilled')
-  if not held[1] or (held[1] == 'scheduled' and held[2] == '1') then
+  local gone = not held[1] and redis.call('ZSCORE', prefix .. 'tombs', id) == false
+  if gone or (held[1] == 'scheduled' and held[2] == '1') then
     local lane, p = 'default', '0'
     for f = 0, n - 1 do
       local k, v = ARGV[i + 2 + f * 2], ARGV[i + 3 + f * 2]

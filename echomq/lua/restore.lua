@@ -5,7 +5,9 @@
   rehydration after Valkey lost its data (mode "all"). Idempotent: a job whose
   hash exists is left alone (it is already in Valkey), unless that hash is a
   spilled job's stub (state "scheduled", "spilled" 1; spill.lua), which the
-  row's fields fill out (a result waiter's "waited" mark stays); the schedule
+  row's fields fill out (a result waiter's "waited" mark stays); so is a job whose
+  hash is gone with its id among the tombstones (it completed, and retention dropped
+  it before the beat closed its row); the schedule
   entry is added with NX. In mode "spilled" a job comes back only while its id is in
   the spilled set: one cancelled meanwhile has left it, and stays cancelled. A
   restored id leaves the spilled set. A
@@ -40,7 +42,8 @@ while i <= #ARGV do
   local n = tonumber(ARGV[i + 2])
   local jk = prefix .. 'job:' .. id
   local held = redis.call('HMGET', jk, 'state', 'spilled')
-  local absent = not held[1] or (held[1] == 'scheduled' and held[2] == '1')
+  local absent = (not held[1] and redis.call('ZSCORE', prefix .. 'tombs', id) == false)
+    or (held[1] == 'scheduled' and held[2] == '1')
   if absent and (ARGV[2] ~= 'spilled' or redis.call('SISMEMBER', KEYS[3], id) == 1) then
     for f = 0, n - 1 do
       redis.call('HSET', jk, ARGV[i + 3 + f * 2], ARGV[i + 4 + f * 2])

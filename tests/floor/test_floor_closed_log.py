@@ -107,3 +107,36 @@ def test_rows_of_jobs_finished_during_a_long_rehydration_close_each_beat(
     assert _open(floor, "cld") == []
     assert sorted(ids) and client.llen(q.keys.closed) == 0
     q.close()
+
+
+@pytest.mark.parametrize("kind", ["waiting", "scheduled", "blocked"])
+def test_a_rehydration_that_meets_the_open_row_of_a_job_finished_and_dropped_leaves_it(
+        floor: Floor, server: LocalRedis, kind: str) -> None:
+    """A job added while a rehydration is under way finishes, and its hash goes at once
+    (keep_completed=0), before the beat closes its row: the rehydration that reads the row
+    then must not put the job back (it ran once; it would run again). Its row says
+    waiting, scheduled (added with a delay) or blocked (a chord's callback)."""
+    client = redis.Redis.from_url(server.url)
+    scheduler = Scheduler("clt", client, floor, beat_ms=100, horizon_s=3600)
+    _tick(scheduler)
+    q = echomq.Queue("clt", redis=client, floor=floor, durability="durable",
+                     keep_completed=0)
+    if kind == "blocked":
+        ids = q.add_many([("x", {}, {"job_id": "m"}), ("x", {}, {"job_id": "cb", "after": ["m"]})])
+    else:
+        ids = q.add_many([("x", {}, {"delay": 0.05} if kind == "scheduled" else {})])
+        time.sleep(0.1)  # past its due time (a clock, no event): the consumer promotes it
+    rows = {r.job_id: r.fields["state"] for r in floor.rows("clt", ids)}
+    assert set(rows.values()) == ({"waiting", "blocked"} if kind == "blocked" else {kind}), rows
+    ran: list[str] = []
+    echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+    assert sorted(ran) == sorted(ids)
+    assert not any(client.exists(q.keys.job(i)) for i in ids)
+    assert sorted(_open(floor, "clt")) == sorted(ids)  # their closes not written yet
+    client.delete(q.keys.epoch)
+    scheduler.budget_end = time.monotonic() + 30  # the beat's rows read before its close
+    assert scheduler._rehydrate(int(client.time()[0]) * 1000, "")
+    assert [q.get(i) for i in ids] == [None] * len(ids)
+    echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+    assert sorted(ran) == sorted(ids)
+    q.close()
