@@ -8,7 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -238,19 +241,10 @@ def test_durable_relay_reading_a_failed_batch_again_writes_the_row_of_a_waiting_
     assert q.counts()["waiting"] == 1  # admitted once
 
 
-def test_a_relay_paused_after_its_read_admits_nothing_once_another_leader_relayed_the_rows(
-        pg_floor: Floor, server: LocalRedis) -> None:
-    """Relay A reads the rows, then its process stalls; the server ends its session (the
-    row locks go), another leader's relay B admits the rows, deletes them and cuts their
-    guards short, and the job runs and is dropped. A's admit, when it resumes, is refused
-    (its leader lease is another's): the job does not run twice."""
-    import threading
-
-    client = redis.Redis.from_url(server.url)
-    q = echomq.Queue("obp", redis=client, keep_completed=0)
-    with pg_floor.engine.begin() as conn:
-        jid = q.add("x", {}, tx=conn)
-    client.set(q.keys.leader, "a|1")
+@contextmanager
+def _paused_after_its_read(queue: str, client: redis.Redis, engine: Any) -> Iterator[Relay]:
+    """Relay A of leader "a|1" running in a thread, its process stalled between its read
+    of the outbox and its admit until the block ends; then it goes on and is joined."""
     read, resume = threading.Event(), threading.Event()
 
     class Paused(Relay):
@@ -259,11 +253,29 @@ def test_a_relay_paused_after_its_read_admits_nothing_once_another_leader_relaye
             resume.wait(30)  # the process stalls here
             return super()._admit(rows, floor, same)
 
-    a = Paused("obp", client, pg_floor.engine)
-    thread = threading.Thread(target=a.run, kwargs={"leader": "a|1"})
+    relay = Paused(queue, client, engine)
+    thread = threading.Thread(target=relay.run, kwargs={"leader": "a|1"})
     thread.start()
     try:
         assert read.wait(10)
+        yield relay
+    finally:
+        resume.set()
+        thread.join(30)
+
+
+def test_a_relay_paused_after_its_read_admits_nothing_once_another_leader_relayed_the_rows(
+        pg_floor: Floor, server: LocalRedis) -> None:
+    """Relay A reads the rows, then its process stalls; the server ends its session (the
+    row locks go), another leader's relay B admits the rows, deletes them and cuts their
+    guards short, and the job runs and is dropped. A's admit, when it resumes, is refused
+    (its leader lease is another's): the job does not run twice."""
+    client = redis.Redis.from_url(server.url)
+    q = echomq.Queue("obp", redis=client, keep_completed=0)
+    with pg_floor.engine.begin() as conn:
+        jid = q.add("x", {}, tx=conn)
+    client.set(q.keys.leader, "a|1")
+    with _paused_after_its_read("obp", client, pg_floor.engine) as a:
         with pg_floor.engine.begin() as conn:  # the server ends A's idle transaction
             conn.execute(sa.text(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE state = "
@@ -276,9 +288,6 @@ def test_a_relay_paused_after_its_read_admits_nothing_once_another_leader_relaye
         assert ran == [jid] and q.get(jid) is None
         for key in client.scan_iter(f"emq:{{obp}}:relayed:{jid}:*"):
             client.delete(key)  # the minute of the guard B cut short has passed
-    finally:
-        resume.set()
-        thread.join(30)
     assert "NOTLEADER" in a.error
     echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
     assert ran == [jid]
@@ -307,8 +316,6 @@ def test_a_leader_s_relay_admits_and_a_deposed_one_s_admits_nothing(
 def _result_in_thread(q: echomq.Queue, job_id: str, client: redis.Redis
                       ) -> tuple[Any, dict[str, Any]]:
     """q.result(job_id) in a thread, returned once it blocks waiting for the relay."""
-    import threading
-
     out: dict[str, Any] = {}
 
     def wait() -> None:
@@ -366,8 +373,6 @@ def test_result_of_an_outbox_job_another_thread_waited_for_already_returns_it(
     """Two result() calls of one outbox job in one process: the first to see the relay's
     admit forgets the row's token; the other, checking the job right then, still waits
     on the row's doorbell, which rang (it raised KeyError)."""
-    import threading
-
     client = redis.Redis.from_url(server.url)
     q = echomq.Queue("obk", redis=client)
     with floor.engine.begin() as conn:
@@ -422,8 +427,6 @@ def test_a_relay_stopped_inside_its_transaction_frees_its_rows_for_the_next_lead
     """Relay A stops (a frozen process) between its read and its commit, its rows locked:
     the server ends its idle session after the relay's bound, so the next leader's relay
     takes the rows instead of skipping them for as long as A is stopped."""
-    import threading
-
     from echomq.supervisor import relay as relay_mod
 
     monkeypatch.setattr(relay_mod, "RELAY_IDLE_IN_TX_MS", 300)
@@ -433,31 +436,18 @@ def test_a_relay_stopped_inside_its_transaction_frees_its_rows_for_the_next_lead
     with pg_floor.engine.begin() as conn:
         jid = q.add("x", {}, tx=conn)
     client.set(q.keys.leader, "a|1")
-    read, resume = threading.Event(), threading.Event()
-
-    class Stopped(Relay):
-        def _admit(self, rows: Any, floor: Any, same: Any) -> Any:
-            read.set()
-            resume.wait(30)
-            return super()._admit(rows, floor, same)
-
-    a = Stopped("obs", client, pg_floor.engine)
-    thread = threading.Thread(target=a.run, kwargs={"leader": "a|1"})
-    thread.start()
     try:
-        assert read.wait(10)
-        client.set(q.keys.leader, "b|2")
-        b = Relay("obs", client, pg_floor.engine)
-        deadline = time.monotonic() + 10
-        while b.run(leader="b|2") == 0:  # skipped while A's row lock holds
-            assert time.monotonic() < deadline, "the stopped relay's rows stayed locked"
-            time.sleep(0.05)
-        ran: list[str] = []
-        echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
-        assert ran == [jid]
+        with _paused_after_its_read("obs", client, pg_floor.engine) as a:
+            client.set(q.keys.leader, "b|2")
+            b = Relay("obs", client, pg_floor.engine)
+            deadline = time.monotonic() + 10
+            while b.run(leader="b|2") == 0:  # skipped while A's row lock holds
+                assert time.monotonic() < deadline, "the stopped relay's rows stayed locked"
+                time.sleep(0.05)
+            ran: list[str] = []
+            echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+            assert ran == [jid]
     finally:
-        resume.set()
-        thread.join(30)
         relay_mod.close_relay_pools()
     assert "NOTLEADER" in a.error
     echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
