@@ -33,8 +33,8 @@ while i <= #ARGV do
   local n = tonumber(ARGV[i + 1])
   local jk = prefix .. 'job:' .. id
   local held = redis.call('HMGET', jk, 'state', 'spilled')
-  local gone = not held[1] and redis.call('ZSCORE', prefix .. 'tombs', id) == false
-  if gone or (held[1] == 'scheduled' and held[2] == '1') then
+  local lost = not held[1] and redis.call('ZSCORE', prefix .. 'tombs', id) == false
+  if lost or (held[1] == 'scheduled' and held[2] == '1') then
     local lane, p = 'default', '0'
     for f = 0, n - 1 do
       local k, v = ARGV[i + 2 + f * 2], ARGV[i + 3 + f * 2]
