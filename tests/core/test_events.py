@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -143,6 +144,14 @@ def test_a_reader_blocks_until_the_next_event(redis_url: str, queue_name: str) -
     t = threading.Thread(target=read)
     t.start()
     reading.wait(5)
+    # "$" is the stream's end when the XREAD arrives: the add comes once the server holds
+    # the reader blocked (no event says so; its client list is looked at, 10 s at most)
+    server = redis.Redis.from_url(redis_url)
+    deadline, pause = time.monotonic() + 10, threading.Event()
+    while not any(c.get("cmd") == "xread" and "b" in c.get("flags", "")
+                  for c in server.client_list()):
+        assert time.monotonic() < deadline, "the reader never blocked"
+        pause.wait(0.01)
     jid = q.add("w", {})
     t.join(30)
     assert [(e.job_id, e.kind) for e in got] == [(jid, "added")]
