@@ -35,12 +35,14 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import redis
 from echomq.supervisor.drills.handler import LEDGER_ENV, NOTIFY_ENV, open_ledger
 from echomq.supervisor.drills.localcluster import LocalCluster
 from echomq.supervisor.drills.localredis import LocalRedis
 
 from echomq.errors import EchoMQError, FloorError
 from echomq.floor import Floor
+from echomq.keys import Keys
 from echomq.queue import Queue
 
 CLI = [sys.executable, "-m", "echomq.supervisor.cli"]
@@ -62,6 +64,7 @@ PRODUCE_BATCHES = 20
 CHECK_S = 0.25  # the bounded re-check beat where no event exists
 START_TIMEOUT_S = 20.0
 SETTLE_TIMEOUT_S = 25.0
+HOLD_MS = 30_000  # the writes held before a restart: the restart ends the pause sooner
 QUIET_S = 1.0  # "drained" must hold this long: a rehydrate or a reap may still be coming
 CLOSE_WAIT_S = 3.0  # after the last job, how long the floor gets to close its rows
 
@@ -359,6 +362,7 @@ class Observation:
     events: dict[str, int] = field(default_factory=dict)
     floor_open: int | None = None
     open_at_loss: set[str] | None = None  # the queue's floor rows as Valkey lost its data
+    unfolded_at_loss: set[str] | None = None  # its fold log then: not yet on the floor
     producer_errors: int = 0
     notes: list[str] = field(default_factory=list)
     workdir: str = ""
@@ -563,6 +567,20 @@ class Harness:
             ids.update(r.job_id for r in rows)
             after = rows[-1].job_id
         return ids
+
+    def hold_writes_for_loss(self) -> None:
+        """Valkey is about to lose its data: hold every write there from now (CLIENT PAUSE
+        WRITE holds scripts too, so no job is admitted, settled or trimmed from the fold
+        log) and note what the floor is owed at this moment: the fold log, the jobs that
+        entered the schedule and were not written to the floor yet. The restart that
+        follows ends the pause."""
+        client = redis.Redis.from_url(self.redis.url, socket_timeout=10)
+        try:
+            client.client_pause(HOLD_MS, all=False)
+            self.obs.unfolded_at_loss = {
+                x.decode() for x in client.lrange(Keys(self.queue).fold, 0, -1)}
+        finally:
+            client.close()
 
     def _check_alive(self) -> None:
         for sup in self.supervisors:

@@ -173,13 +173,16 @@ def test_duplicates_fail_a_rolling_restart_but_not_a_valkey_stall() -> None:
 
 def test_a_run_again_is_explained_by_its_row_open_at_the_loss_within_a_bounded_lag() -> None:
     """A job run twice whose first run ended outside the one-beat window is explained only
-    by its floor row still open at the loss, and only within the close lag's bound."""
-    from echomq.supervisor.drills.scenarios import CLOSE_LAG_S, FOLD_WINDOW_S
+    by its floor row still open at the loss (or its id in the fold log then), and only
+    within the scheduler lag's bound."""
+    from echomq.supervisor.drills.scenarios import FOLD_WINDOW_S, SCHEDULER_LAG_S
 
-    def report(first_end: float, open_at_loss: set[str]) -> dict[str, Any]:
+    def report(first_end: float, open_at_loss: set[str],
+               unfolded: frozenset[str] = frozenset()) -> dict[str, Any]:
         obs = _facts("workflow-restart-durable", JobPlan("j-x", "lane-2", None, False), 99.0)
         obs.ledger += [("j-x", 1, 12, "ok", first_end), ("j-x", 1, 13, "ok", 101.0)]
         obs.open_at_loss = open_at_loss
+        obs.unfolded_at_loss = set(unfolded)
         return assess(SCENARIOS["workflow-restart-durable"], obs)
 
     late = 100.5 - FOLD_WINDOW_S - 0.05  # just outside the one-beat window
@@ -187,8 +190,35 @@ def test_a_run_again_is_explained_by_its_row_open_at_the_loss_within_a_bounded_l
     explained = report(late, {"j-x"})
     assert explained["ok"], explained["failures"]
     assert any("closed later than a beat" in n for n in explained["notes"])
-    never_closed = report(100.5 - CLOSE_LAG_S - 0.05, {"j-x"})
+    # read from the fold log before the floor: a fold under way at the loss wrote its row
+    assert report(late, set(), frozenset({"j-x"}))["ok"]
+    never_closed = report(100.5 - SCHEDULER_LAG_S - 0.05, {"j-x"})
     assert not never_closed["ok"] and "outside the loss's window" in never_closed["failures"][0]
+
+
+@pytest.mark.parametrize("scenario", ["valkey-restart", "workflow-restart"])
+def test_a_deferred_job_lost_later_than_a_beat_is_forgiven_only_from_the_fold_log(
+        scenario: str) -> None:
+    """Lost with Valkey more than a beat after it was deferred, a job is in the dial's
+    window only if it was still waiting in the fold log at the loss (the scheduler's turn
+    came late), and only within the lag's bound; one neither folded nor in the log is a
+    fold that missed it."""
+    from echomq.supervisor.drills.scenarios import FOLD_WINDOW_S, SCHEDULER_LAG_S
+
+    def report(admitted_at: float, unfolded: set[str]) -> dict[str, Any]:
+        obs = _facts(scenario, JobPlan("j-x", "lane-2", 1.5, False), admitted_at)
+        obs.unfolded_at_loss = unfolded
+        return assess(SCENARIOS[scenario], obs)
+
+    late = 100.5 - FOLD_WINDOW_S - 0.05  # just outside the one-beat window
+    missed = report(late, set())
+    assert not missed["ok"] and missed["lost"] == 1
+    waited = report(late, {"j-x"})
+    assert waited["ok"], waited["failures"]
+    assert waited["lost"] == 0 and waited["lost_in_fold_window"] == 1
+    assert any("waited in the fold log longer than a beat" in n for n in waited["notes"])
+    stuck = report(100.5 - SCHEDULER_LAG_S - 0.05, {"j-x"})
+    assert not stuck["ok"] and stuck["lost"] == 1
 
 
 # --- the handler ---------------------------------------------------------------------------
