@@ -113,6 +113,13 @@ class Arbiter:
                 slots=[Slot(i) for i in range(spec.processes)],
                 availability=Availability(spec.name, self.where, settings.beat_ms / 1000),
             )
+        # what start-up made (imports, the floor's migration check, the handlers) lives
+        # as long as the process: out of the collector's reach, a full collection no
+        # longer walks it, holding the GIL (and the scheduler's beat) for 70-150 ms a
+        # time. Its garbage goes first (a frozen cycle holding a connection would never
+        # close it), and both before the scheduler threads start
+        gc.collect()
+        gc.freeze()
         if scheduler_factory is not None:
             for rt in self.queues.values():
                 rt.scheduler = scheduler_factory(rt)
@@ -144,12 +151,6 @@ class Arbiter:
         self.forget_in_child.append(self.stops.forget_in_child)
         if self.floor is not None:
             self.forget_in_child.append(self.floor.forget_after_fork)
-        # what start-up made (imports, the floor's migration check, the handler) lives as
-        # long as the process: out of the collector's reach, a full collection no longer
-        # walks it, holding the GIL (and the scheduler's beat) for 70-150 ms a time. Its
-        # garbage goes first: a frozen cycle holding a connection would never close it
-        gc.collect()
-        gc.freeze()
         for rt in self.queues.values():
             self.forget_in_child.append(lambda rt=rt: self.doorbells.forget_in_child(rt))
             self._prepare_queue(rt, at_start=True)

@@ -188,6 +188,9 @@ class SupervisorCollector:
              "Floor rows of finished jobs closed by the orphan pass", "orphans_closed"),
             (CounterMetricFamily, "echomq_floor_set_aside",
              "Malformed jobs or floor rows set aside as dead", "buried"),
+            (CounterMetricFamily, "echomq_floor_late_beats",
+             "Scheduler beats begun over 1.5 beats after the last (folds and closes lagged)",
+             "late_beats"),
         ]
         families = [(kind(name, help_text, labels=["queue"]), field)
                     for kind, name, help_text, field in more]

@@ -55,6 +55,7 @@ DEFAULT_FOLD_GRACE_S = 300.0  # how long the logs keep growing after the last sc
 DEFAULT_MAX_BACKLOG = 1_000_000  # fold log entries kept while the floor is down
 DEFAULT_ORPHAN_EVERY_S = 60.0  # a full pass over the floor's rows looking for orphans
 CRON_PROBE_BEATS = 5  # a scheduler without a floor looks for crons this often
+LATE_BEATS = 1.5  # a beat begun this many beats after the last one is reported late
 
 
 class Scheduler(Folding, Spilling, Rehydrating, Orphans):
@@ -338,6 +339,8 @@ class SchedulerThread:
         self._wake = threading.Event()  # set by close() and by poke()
         self._poked = False
         self.beat_started: float | None = None  # monotonic start of the beat in progress
+        self.last_beat: float | None = None  # monotonic start of the last beat
+        self.late = 0  # beats reported late
         self._thread = threading.Thread(target=self._run, name=f"echomq-scheduler-{self.queue}",
                                         daemon=True)
         self._thread.start()
@@ -354,6 +357,7 @@ class SchedulerThread:
         snap = self.scheduler.snapshot()
         started = self.beat_started
         snap["beat_running_s"] = round(time.monotonic() - started, 3) if started else 0.0
+        snap["late_beats"] = self.late
         return snap
 
     def poke(self) -> None:
@@ -369,6 +373,21 @@ class SchedulerThread:
         # the floor's last writes only from a thread of its own: not beside a stuck beat
         self.scheduler.close(flush=not self._thread.is_alive())
 
+    def _note_late(self, started: float) -> None:
+        """Report a beat begun late, longer than LATE_BEATS beats after the last one (a
+        machine short of CPU, a floor call that hung): folds and closes lagged as long,
+        and the durability windows (docs/durability.md) grew with them."""
+        last, self.last_beat = self.last_beat, started
+        beat = self.scheduler.beat_s
+        if last is None or started - last <= LATE_BEATS * beat:
+            return
+        gap = started - last
+        self.late += 1
+        event(log, "scheduler-late", "queue %s: the scheduler's beat began %.2fs after the "
+              "last one (beat %.2fs): folds and closes lagged as long", self.queue, gap, beat,
+              level=logging.WARNING, queue=self.queue, gap_s=round(gap, 3),
+              since=round(time.time() - (time.monotonic() - last), 3))
+
     def _run(self) -> None:
         while True:
             wait = max(0.0, self.scheduler.deadline() - time.monotonic())
@@ -382,6 +401,7 @@ class SchedulerThread:
                 if poked and self.beat_started < self.scheduler.deadline():
                     self.scheduler.relay_outbox()  # between two beats: the outbox alone
                 else:
+                    self._note_late(self.beat_started)
                     self.scheduler.tick(self.beat_started)
             except Exception:  # a thread that died would stop folding for good
                 log.exception("queue %s: scheduler beat failed", self.queue)

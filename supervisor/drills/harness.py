@@ -247,6 +247,7 @@ class SupervisorProc:
         self.events: Counter[str] = Counter()
         self.logged = threading.Condition()  # notified as each event line is counted
         self.crashes = 0
+        self.late_beats: list[tuple[float, float]] = []  # (from, to) of each late beat
         self.signalled: str | None = None  # set when the drill itself signals it
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -277,6 +278,8 @@ class SupervisorProc:
             self.logged.notify_all()
         if name == "child-exit" and line.get("level") == "warning":
             self.crashes += 1
+        if name == "scheduler-late":
+            self.late_beats.append((line["since"], line["since"] + line["gap_s"]))
         if name == "start":
             self.started.set()
 
@@ -363,6 +366,7 @@ class Observation:
     floor_open: int | None = None
     open_at_loss: set[str] | None = None  # the queue's floor rows as Valkey lost its data
     unfolded_at_loss: set[str] | None = None  # its fold log then: not yet on the floor
+    late_beats: list[tuple[float, float]] = field(default_factory=list)  # reported late
     producer_errors: int = 0
     notes: list[str] = field(default_factory=list)
     workdir: str = ""
@@ -572,11 +576,16 @@ class Harness:
         """Valkey is about to lose its data: hold every write there from now (CLIENT PAUSE
         WRITE holds scripts too, so no job is admitted, settled or trimmed from the fold
         log) and note what the floor is owed at this moment: the fold log, the jobs that
-        entered the schedule and were not written to the floor yet. The restart that
-        follows ends the pause."""
+        entered the schedule and were not written to the floor yet. The loss is stamped
+        (``fault_at``) as the pause holds. The restart that follows ends the pause."""
+        self.obs.fault_at = time.time()  # stamped again as the pause holds
         client = redis.Redis.from_url(self.redis.url, socket_timeout=10)
         try:
+            client.ping()  # connected first: the loss begins with the pause, not before
             client.client_pause(HOLD_MS, all=False)
+            # an admit sent from now on is held, then fails with the restart and is sent
+            # again: only one sent before may have landed on the server that loses its data
+            self.obs.fault_at = time.time()
             self.obs.unfolded_at_loss = {
                 x.decode() for x in client.lrange(Keys(self.queue).fold, 0, -1)}
         finally:
@@ -625,6 +634,7 @@ class Harness:
         obs.crashes = sum(s.crashes for s in self.supervisors)
         obs.backoffs = sum(s.events["backoff"] for s in self.supervisors)
         obs.events = dict(sum((s.events for s in self.supervisors), Counter()))
+        obs.late_beats = [span for s in self.supervisors for span in s.late_beats]
         try:
             if self._probe is None:
                 self._probe = Queue(self.queue, redis_url=self.redis.url)

@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from echomq.supervisor.drills import durable
-from echomq.supervisor.drills.harness import BEAT_MS, Harness, Observation
+from echomq.supervisor.drills.harness import BEAT_MS, Harness, JobPlan, Observation
 
 KILL_EVERY_S = 0.3
 KILL_FOR_S = 3.0
@@ -134,9 +134,10 @@ def workflow_faults(h: Harness) -> None:
 
 def valkey_restart(h: Harness) -> None:
     """Scenario: restart Valkey with its data lost."""
-    h.obs.fault_at = time.time()
-    h.hold_writes_for_loss()
-    h.redis.restart_empty()
+    try:
+        h.hold_writes_for_loss()  # stamps the loss
+    finally:
+        h.redis.restart_empty()
     h.obs.fault_end = time.time()
 
 
@@ -144,12 +145,11 @@ def workflow_restart(h: Harness) -> None:
     """Scenario: restart Valkey without persistence mid-workflow; the fault ends once the
     supervisor's scheduler has rehydrated the queue from the floor."""
     before = h.current.events["rehydrate"]
-    h.obs.fault_at = time.time()
     # writes held, the server takes no settle: the floor's rows read now, with the fold log
     # read before them (a fold under way may still write those), are the rows open when
     # its data goes (a close committed meanwhile only drops a row that is not restored)
     try:
-        h.hold_writes_for_loss()
+        h.hold_writes_for_loss()  # stamps the loss
         h.obs.open_at_loss = h.floor_ids()
     finally:
         h.redis.restart_empty()
@@ -366,9 +366,12 @@ def assess(scenario: Scenario, obs: Observation) -> dict[str, Any]:
             expected.append(j)
         elif entered >= fault_at - FOLD_WINDOW_S:
             window.append(j)
-        elif j in unfolded and entered >= fault_at - SCHEDULER_LAG_S:
-            # still in the fold log at the loss: the scheduler's turn came late, as on a
-            # machine short of CPU; bounded, so a fold that never comes still fails
+        elif (j in unfolded and entered >= fault_at - SCHEDULER_LAG_S
+              and _entered_once(plans[j], j, obs.ledger, fault_at)
+              and any(a < fault_at and b > entered for a, b in obs.late_beats)):
+            # still in the fold log at the loss, where it had entered only once, while the
+            # supervisor reported its scheduler's beat late (a machine short of CPU);
+            # bounded, so a fold that never comes still fails
             window.append(j)
             late_folds.append(fault_at - entered)
         else:
@@ -421,7 +424,11 @@ def assess(scenario: Scenario, obs: Observation) -> dict[str, Any]:
         open_rows = (obs.open_at_loss or set()) | unfolded
         outside, late = [], []
         for j in dup_ids:
-            for _, at in sorted(ok_runs[j], key=lambda r: r[1])[:-1]:
+            runs_of_j = sorted(ok_runs[j], key=lambda r: r[1])
+            if runs_of_j[-1][1] < fault_at:  # run twice before the loss: not the loss's doing
+                outside.append(j)
+                continue
+            for _, at in runs_of_j[:-1]:
                 if fault_at - FOLD_WINDOW_S <= at <= (obs.fault_end or fault_at):
                     continue
                 # its row still open at the loss: a close later than a beat, as a scheduler
@@ -497,6 +504,18 @@ def _kind(plan: Any, fails: dict[str, float]) -> str:
     if plan.delay:
         return "deferred"
     return "retried" if plan.id in fails else "immediate"
+
+
+def _entered_once(plan: JobPlan, job_id: str, ledger: list[tuple[str, int, int, str, float]],
+                  fault_at: float) -> bool:
+    """Whether a job lost with Valkey entered the fold log once only before the loss: a
+    deferred job that had not run, or an immediate one that had failed once. A callback
+    enters again at each member's end, a deferred job again at its retry: a later entry
+    would hide an earlier one that a fold missed."""
+    if plan.after:
+        return False
+    runs = [r for r in ledger if r[0] == job_id and r[4] < fault_at]
+    return len(runs) == (0 if plan.delay else 1)
 
 
 def _sample(ids: list[str], plans: dict[str, Any], fails: dict[str, float]) -> str:

@@ -177,10 +177,10 @@ def test_a_run_again_is_explained_by_its_row_open_at_the_loss_within_a_bounded_l
     within the scheduler lag's bound."""
     from echomq.supervisor.drills.scenarios import FOLD_WINDOW_S, SCHEDULER_LAG_S
 
-    def report(first_end: float, open_at_loss: set[str],
-               unfolded: frozenset[str] = frozenset()) -> dict[str, Any]:
-        obs = _facts("workflow-restart-durable", JobPlan("j-x", "lane-2", None, False), 99.0)
-        obs.ledger += [("j-x", 1, 12, "ok", first_end), ("j-x", 1, 13, "ok", 101.0)]
+    def report(first_end: float, open_at_loss: set[str], unfolded: frozenset[str] = frozenset(),
+               second_end: float = 101.0) -> dict[str, Any]:
+        obs = _facts("workflow-restart-durable", JobPlan("j-x", "lane-2", 1.5, False), 99.0)
+        obs.ledger += [("j-x", 1, 12, "ok", first_end), ("j-x", 1, 13, "ok", second_end)]
         obs.open_at_loss = open_at_loss
         obs.unfolded_at_loss = set(unfolded)
         return assess(SCENARIOS["workflow-restart-durable"], obs)
@@ -194,20 +194,25 @@ def test_a_run_again_is_explained_by_its_row_open_at_the_loss_within_a_bounded_l
     assert report(late, set(), frozenset({"j-x"}))["ok"]
     never_closed = report(100.5 - SCHEDULER_LAG_S - 0.05, {"j-x"})
     assert not never_closed["ok"] and "outside the loss's window" in never_closed["failures"][0]
+    before = report(late, {"j-x"}, second_end=100.4)  # both runs ended before the loss
+    assert not before["ok"] and "outside the loss's window" in before["failures"][0]
 
 
 @pytest.mark.parametrize("scenario", ["valkey-restart", "workflow-restart"])
 def test_a_deferred_job_lost_later_than_a_beat_is_forgiven_only_from_the_fold_log(
         scenario: str) -> None:
     """Lost with Valkey more than a beat after it was deferred, a job is in the dial's
-    window only if it was still waiting in the fold log at the loss (the scheduler's turn
-    came late), and only within the lag's bound; one neither folded nor in the log is a
-    fold that missed it."""
+    window only if it was still waiting in the fold log at the loss while the supervisor
+    reported its scheduler's beat late, and only within the lag's bound; one neither
+    folded nor in the log is a fold that missed it, and a late fold nobody reported is
+    a scheduler that stood still unseen."""
     from echomq.supervisor.drills.scenarios import FOLD_WINDOW_S, SCHEDULER_LAG_S
 
-    def report(admitted_at: float, unfolded: set[str]) -> dict[str, Any]:
+    def report(admitted_at: float, unfolded: set[str],
+               late: tuple[float, float] | None = (100.0, 100.6)) -> dict[str, Any]:
         obs = _facts(scenario, JobPlan("j-x", "lane-2", 1.5, False), admitted_at)
         obs.unfolded_at_loss = unfolded
+        obs.late_beats = [late] if late else []
         return assess(SCENARIOS[scenario], obs)
 
     late = 100.5 - FOLD_WINDOW_S - 0.05  # just outside the one-beat window
@@ -217,8 +222,29 @@ def test_a_deferred_job_lost_later_than_a_beat_is_forgiven_only_from_the_fold_lo
     assert waited["ok"], waited["failures"]
     assert waited["lost"] == 0 and waited["lost_in_fold_window"] == 1
     assert any("waited in the fold log longer than a beat" in n for n in waited["notes"])
+    assert report(late, {"j-x"}, None)["lost"] == 1  # no late beat reported
+    assert report(late, {"j-x"}, (99.0, 99.5))["lost"] == 1  # one over before it entered
     stuck = report(100.5 - SCHEDULER_LAG_S - 0.05, {"j-x"})
     assert not stuck["ok"] and stuck["lost"] == 1
+
+
+@pytest.mark.parametrize(("plan", "runs"), [
+    (JobPlan("j-x", "lane-2", 1.5, True), [("j-x", 1, 11, "fail", 100.2)]),  # a retry too
+    (JobPlan("j-x", "lane-2", 1.5, False, after=("j-done",)), []),  # a callback
+])
+def test_a_late_fold_is_not_forgiven_a_job_that_entered_the_fold_log_again(
+        plan: JobPlan, runs: list[tuple[str, int, int, str, float]]) -> None:
+    """A deferred job that failed (its retry enters the fold log again) or a callback
+    (each member's end puts it back) may be in the log at the loss although a fold
+    missed its first entry: the fold log does not excuse it."""
+    from echomq.supervisor.drills.scenarios import FOLD_WINDOW_S
+
+    obs = _facts("workflow-restart", plan, 100.5 - FOLD_WINDOW_S - 0.05)
+    obs.ledger += runs
+    obs.unfolded_at_loss = {"j-x"}
+    obs.late_beats = [(100.0, 100.6)]
+    report = assess(SCENARIOS["workflow-restart"], obs)
+    assert not report["ok"] and report["lost"] == 1
 
 
 # --- the handler ---------------------------------------------------------------------------
