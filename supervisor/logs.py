@@ -11,7 +11,7 @@ from typing import Any
 from echomq.logcontext import JobContextFilter
 
 EVENT_FIELDS = ("event", "queue", "pid", "job_id", "exit", "signal", "delay_s", "count",
-                "stalled", "job_name", "lane", "attempt", "max_attempts")
+                "stalled", "job_name", "lane", "attempt", "max_attempts", "gap_s", "since")
 
 
 class JsonFormatter(logging.Formatter):

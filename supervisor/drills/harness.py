@@ -278,7 +278,7 @@ class SupervisorProc:
             self.logged.notify_all()
         if name == "child-exit" and line.get("level") == "warning":
             self.crashes += 1
-        if name == "scheduler-late":
+        if name == "scheduler-late" and "since" in line and "gap_s" in line:
             self.late_beats.append((line["since"], line["since"] + line["gap_s"]))
         if name == "start":
             self.started.set()
