@@ -26,7 +26,7 @@ MAX_DEPENDENCIES = 10_000  # dependencies of one job
 MAX_DEPENDENTS = 1_000  # jobs waiting for one job: one completion releases at most this many
 MAX_DEPTH = 1_000  # blocked jobs in a chain: one death ends at most this many in a row
 ON_DEP_FAILURE = ("fail", "run")
-TOMBSTONES = 100_000  # completed ids kept after retention dropped them (settle.lua TOMBS_MAX)
+TOMBSTONES = 100_000  # ids kept after retention or purge dropped them (settle.lua, records.lua)
 CALL_VALUES = 20_000  # dependency ids per block.lua call (one job over it still goes alone)
 
 # a job with dependencies: its admit spec, on_dep_failure and its dependency ids

@@ -15,7 +15,7 @@ from typing import Any
 from echomq.errors import ProtocolMismatch
 from echomq.keys import Keys
 
-PROTOCOL_VERSION = "1.2"
+PROTOCOL_VERSION = "1.3"
 FIELD = "protocol"  # the meta field holding it
 
 

@@ -176,7 +176,7 @@ ALL = (ADMIT, SCHEDULE, CLAIM, SETTLE, EXTEND, REAP, PROMOTE, COUNTS, RETRY_DEAD
 
 
 # lua files included by others ("--!include NAME"), not run alone
-LIBRARIES = ("deps", "events", "relayguard")
+LIBRARIES = ("deps", "events", "records", "relayguard")
 
 
 def load_all(client: redis.Redis, key: str | None = None) -> None:

@@ -3,7 +3,8 @@
   (the scheduler's rehydration), their fan-in rebuilt, in two steps.
 
   Mode "hold" (during the walk over the floor): each job whose hash is gone (and
-  whose id is not among the tombstones: it completed, retention dropped it) gets
+  whose id is not among the tombstones or the graves, records.lua: it ended, retention
+  or purge dropped it) gets
   every field of its row, state "blocked", "deferred" 1 (its row stays open until
   it ends) and the mark "reblock" 1, and enters the waitdeps zset by its created
   time; its lease fields and count are dropped. Nothing is counted yet: a held job
@@ -29,6 +30,7 @@
 ]]
 --!include events
 --!include deps
+--!include records
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
@@ -39,8 +41,7 @@ if ARGV[2] == 'hold' then
     local id = ARGV[i]
     local n = tonumber(ARGV[i + 1])
     local jk = prefix .. 'job:' .. id
-    if redis.call('EXISTS', jk) == 0
-        and redis.call('ZSCORE', prefix .. 'tombs', id) == false then
+    if redis.call('EXISTS', jk) == 0 and not record_gone(prefix, id) then
       local created = now
       for f = 0, n - 1 do
         local k, v = ARGV[i + 2 + f * 2], ARGV[i + 3 + f * 2]

@@ -4,8 +4,8 @@
 
   Idempotent: a job whose hash exists is left alone (it is in Valkey already), unless
   that hash is a spilled job's stub; so is a job whose hash is gone with its id among
-  the tombstones (settle.lua: it completed and retention dropped it before the beat
-  closed its row, as a job added during a rehydration can). A requeued job is "waiting" with every field of
+  the tombstones or the graves (records.lua: it ended and retention or purge dropped it
+  before the beat closed its row, as a job added during a rehydration can). A requeued job is "waiting" with every field of
   its row (its lease token and lane-limit mark dropped, "deferred" 1: its floor row
   stays open until it finishes) and goes to the tail of its lane (priority levels
   above 0: "lane<p>:<lane>", ring "ring<p>", level in prios); a lane that goes from
@@ -24,6 +24,7 @@
     an array with one integer per job: 1 requeued, 0 already in Valkey
 ]]
 --!include events
+--!include records
 local prefix = ARGV[1]
 local out = {}
 local added = 0
@@ -33,7 +34,7 @@ while i <= #ARGV do
   local n = tonumber(ARGV[i + 1])
   local jk = prefix .. 'job:' .. id
   local held = redis.call('HMGET', jk, 'state', 'spilled')
-  local lost = not held[1] and redis.call('ZSCORE', prefix .. 'tombs', id) == false
+  local lost = not held[1] and not record_gone(prefix, id)
   if lost or (held[1] == 'scheduled' and held[2] == '1') then
     local lane, p = 'default', '0'
     for f = 0, n - 1 do

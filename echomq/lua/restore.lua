@@ -6,8 +6,8 @@
   hash exists is left alone (it is already in Valkey), unless that hash is a
   spilled job's stub (state "scheduled", "spilled" 1; spill.lua), which the
   row's fields fill out (a result waiter's "waited" mark stays); so is a job whose
-  hash is gone with its id among the tombstones (it completed, and retention dropped
-  it before the beat closed its row); the schedule
+  hash is gone with its id among the tombstones or the graves (records.lua: it ended,
+  and retention or purge dropped it before the beat closed its row); the schedule
   entry is added with NX. In mode "spilled" a job comes back only while its id is in
   the spilled set: one cancelled meanwhile has left it, and stays cancelled. A
   restored id leaves the spilled set. A
@@ -29,6 +29,7 @@
     an array with one integer per job: 1 restored, 0 already in Valkey (a live
     job, not a stub; or, mode "spilled", no longer spilled: cancelled meanwhile)
 ]]
+--!include records
 local prefix = ARGV[1]
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local head_due = head[2] and tonumber(head[2]) or nil
@@ -42,7 +43,7 @@ while i <= #ARGV do
   local n = tonumber(ARGV[i + 2])
   local jk = prefix .. 'job:' .. id
   local held = redis.call('HMGET', jk, 'state', 'spilled')
-  local absent = (not held[1] and redis.call('ZSCORE', prefix .. 'tombs', id) == false)
+  local absent = (not held[1] and not record_gone(prefix, id))
     or (held[1] == 'scheduled' and held[2] == '1')
   if absent and (ARGV[2] ~= 'spilled' or redis.call('SISMEMBER', KEYS[3], id) == 1) then
     for f = 0, n - 1 do

@@ -221,6 +221,23 @@ def test_results_outlive_the_dependency_retention(redis_url: str, queue_name: st
     assert results == [{a: 5}]
 
 
+def test_a_purged_completed_job_still_counts_as_done_and_a_purged_dead_one_is_unknown(
+        q: echomq.Queue) -> None:
+    """purge() drops completed jobs as retention does: a later dependency on one counts
+    as done (its tombstone); a dead one purged is gone, and naming it is an error."""
+    done, dead = q.add("a", job_id="done"), q.add("b", job_id="dead", max_attempts=1)
+
+    def handler(job: echomq.Job) -> None:
+        if job.id == dead:
+            raise RuntimeError("planned death")
+
+    _run(q, handler)
+    assert q.purge("completed") == 1 and q.purge("dead") == 1
+    assert q.get(q.add("c", after=[done])).state == "waiting"  # type: ignore[union-attr]
+    with pytest.raises(echomq.errors.UnknownDependency, match=f"unknown dependency '{dead}'"):
+        q.add("d", after=[dead])
+
+
 @pytest.mark.parametrize("after, opts, error", [
     ("abc", {}, TypeError),
     ([f"j{i}" for i in range(depend.MAX_DEPENDENCIES + 1)], {}, ValueError),

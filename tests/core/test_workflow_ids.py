@@ -152,6 +152,26 @@ def test_tombstones_are_capped_to_the_newest(redis_url: str, queue_name: str) ->
     assert q.get(q.add("d", after=["old1"])).state == "waiting"
 
 
+def test_graves_are_capped_to_the_newest(redis_url: str, queue_name: str) -> None:
+    """The ids of dead jobs the retention dropped (graves) are bounded as tombstones
+    are: past the cap the oldest go, the newest stay."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    graves = q.keys.prefix + "graves"
+    with q.redis.pipeline(transaction=False) as pipe:
+        for start in range(0, depend.TOMBSTONES, 10_000):
+            pipe.zadd(graves, {f"old{i}": i for i in range(start, start + 10_000)})
+        pipe.execute()
+    a = q.add("a", max_attempts=1)
+
+    def die(job: echomq.Job) -> None:
+        raise RuntimeError("planned death")
+
+    echomq.Consumer(q, die).run(burst=True)
+    assert echomq.scripts.trim_dead(q.redis, q.keys, 0, -1, 100) == 1
+    assert q.redis.zcard(graves) == depend.TOMBSTONES
+    assert q.redis.zscore(graves, a) is not None and q.redis.zscore(graves, "old0") is None
+
+
 def test_a_group_result_waits_for_every_member_and_fails_with_one(q: echomq.Queue,
                                                                  work: Any) -> None:
     """The group's result record completes only once every member completed, with the

@@ -140,3 +140,60 @@ def test_a_rehydration_that_meets_the_open_row_of_a_job_finished_and_dropped_lea
     echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
     assert sorted(ran) == sorted(ids)
     q.close()
+
+
+def _fail(job: echomq.Job) -> None:
+    raise RuntimeError("planned death")
+
+
+@pytest.mark.parametrize(("kind", "end"), [
+    ("waiting", "dead-trimmed"), ("scheduled", "dead-trimmed"), ("blocked", "dead-trimmed"),
+    ("waiting", "dead-purged"), ("waiting", "cancelled-purged"),
+    ("waiting", "completed-purged"),
+])
+def test_a_rehydration_that_meets_the_open_row_of_a_job_ended_and_purged_leaves_it(
+        floor: Floor, server: LocalRedis, kind: str, end: str) -> None:
+    """A job added while a rehydration is under way dies, is cancelled or completes, and
+    its record goes (the dead retention's trim, or purge()) before the beat closes its
+    row: the rehydration that reads the row then must not put the job back (it ended;
+    it would run again). Its row says waiting, scheduled or blocked (a chord's
+    callback)."""
+    client = redis.Redis.from_url(server.url)
+    scheduler = Scheduler("clp", client, floor, beat_ms=100, horizon_s=3600)
+    _tick(scheduler)
+    q = echomq.Queue("clp", redis=client, floor=floor, durability="durable")
+    once = {"max_attempts": 1}
+    if kind == "blocked":  # the member completes (its record kept), then the callback ends
+        _, jid = q.add_many([("x", {}, {"job_id": "m"}),
+                             ("x", {}, {"job_id": "cb", "after": ["m"], **once})])
+    else:
+        (jid,) = q.add_many([("x", {}, {"delay": 0.05, **once} if kind == "scheduled"
+                              else once)])
+        time.sleep(0.1)  # past its due time (a clock, no event): the consumer promotes it
+    assert floor.rows("clp", [jid])[0].fields["state"] == ("blocked" if kind == "blocked"
+                                                           else kind)
+    ran: list[str] = []
+    state = end.split("-")[0]
+    if state == "cancelled":  # by a producer without the floor: the beat closes its row
+        assert echomq.Queue("clp", redis=client).cancel(jid)
+    else:
+        def handler(job: echomq.Job) -> None:
+            if job.id == jid and state == "dead":
+                _fail(job)
+            ran.append(job.id)
+
+        echomq.Consumer(q, handler).run(burst=True)
+    assert q.get(jid).state == state  # type: ignore[union-attr]
+    if end == "dead-trimmed":
+        assert echomq.scripts.trim_dead(client, q.keys, 0, -1, 100) == 1
+    else:
+        assert q.purge(state) >= 1
+    assert not client.exists(q.keys.job(jid))
+    assert jid in _open(floor, "clp")  # its close not written yet
+    client.delete(q.keys.epoch)
+    scheduler.budget_end = time.monotonic() + 30  # the beat's rows read before its close
+    assert scheduler._rehydrate(int(client.time()[0]) * 1000, "")
+    assert q.get(jid) is None
+    echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
+    assert ran.count(jid) == (1 if state == "completed" else 0)
+    q.close()

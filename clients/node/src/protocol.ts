@@ -1,7 +1,7 @@
 /** The wire protocol's version (docs/protocol.md), recorded in each queue's meta. */
 import { ProtocolMismatch, pyRepr } from "./errors";
 
-export const PROTOCOL_VERSION = "1.2";
+export const PROTOCOL_VERSION = "1.3";
 export const PROTOCOL_FIELD = "protocol";
 
 /** The MAJOR part of "MAJOR.MINOR", null when the text is not a version. */
