@@ -11,8 +11,10 @@
   is skipped by the fan-in of ending jobs (deps.lua).
   Mode "fanin" (once every open row is back): for each held job, each dependency
   not marked already ("dep:<id>" from its row) is looked up: completed, dead or
-  cancelled, as block.lua counts them; gone (its row was closed: it ended before
-  the loss) counts as completed, its result unknown (null); any other state is
+  cancelled, as block.lua counts them; gone with its id among the graves (it died or
+  was cancelled during the rehydration, its record dropped since) counts as dead;
+  otherwise gone (its row was closed: it ended before the loss) counts as
+  completed, its result unknown (null); any other state is
   waited for (the job joins its "dependents" once). The job then waits, enters its
   lane, or ends dead ("dependency <id> dead"), its own dependents in turn. The
   doorbell rings once when a job entered a lane, unless the queue is paused.
@@ -71,7 +73,9 @@ for i = 3, #ARGV do
       if not mark then
         local dk = prefix .. 'job:' .. d
         local f = redis.call('HMGET', dk, 'state', 'result', 'dependents')
-        if not f[1] or f[1] == 'completed' then
+        if not f[1] and redis.call('ZSCORE', prefix .. 'graves', d) ~= false then
+          mark = 'd'  -- it died (or was cancelled) meanwhile, its record dropped since
+        elseif not f[1] or f[1] == 'completed' then
           mark = 'c' .. (f[2] or 'null')
         elseif f[1] == 'dead' then
           mark = 'd'

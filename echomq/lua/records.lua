@@ -11,8 +11,8 @@
 local RECORDS_MAX = 100000  -- echomq.depend.TOMBSTONES
 
 local function records_add(zset, pairs)  -- pairs: score, id, score, id, ...
-  for s = 1, #pairs, 7998 do
-    redis.call('ZADD', zset, unpack(pairs, s, math.min(s + 7997, #pairs)))
+  for s = 1, #pairs, 1000 do  -- unpack takes a few thousand values at most
+    redis.call('ZADD', zset, unpack(pairs, s, math.min(s + 999, #pairs)))
   end
   local over = redis.call('ZCARD', zset) - RECORDS_MAX
   if over > 0 then redis.call('ZREMRANGEBYRANK', zset, 0, over - 1) end

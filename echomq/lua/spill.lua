@@ -17,7 +17,9 @@
   Mode "rows" (a rehydration after Valkey lost its data, for rows that stay
   spilled): a job with no hash gets a stub built from its floor row's fields
   and joins the spilled set; a job with a hash (a stub already, or a job added
-  under the same id since the loss) is left alone.
+  under the same id since the loss) is left alone, and so is one whose id is
+  among the tombstones or the graves (records.lua: it ended, cancelled while
+  spilled, and purge dropped it before the beat closed its row).
 
   Input:
     KEYS[1] schedule  zset of deferred job ids by due time (ms)
@@ -45,6 +47,7 @@ local function stub(jk, id, due_ms, fields)
   redis.call('HSET', jk, unpack(args))
 end
 
+--!include records
 local out = {}
 local prefix = ARGV[1]
 if ARGV[2] == 'schedule' then
@@ -72,7 +75,7 @@ else
     local id = ARGV[i]
     local n = tonumber(ARGV[i + 2])
     local jk = prefix .. 'job:' .. id
-    if redis.call('EXISTS', jk) == 0 then
+    if redis.call('EXISTS', jk) == 0 and not record_gone(prefix, id) then
       local by_name = {}
       for f = 0, n - 1 do by_name[ARGV[i + 3 + f * 2]] = ARGV[i + 4 + f * 2] end
       stub(jk, id, ARGV[i + 1], by_name)

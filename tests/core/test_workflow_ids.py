@@ -58,11 +58,13 @@ def test_block_counts_a_repeated_dependency_once(q: echomq.Queue) -> None:
 
 
 def test_a_dependency_dedup_reserves_is_unknown(q: echomq.Queue) -> None:
-    """An id dedup still reserves (its job completed, its record gone) is not admitted
-    again, so nothing may wait for it: UnknownDependency, nothing admitted, no stub."""
+    """An id dedup still reserves (its job completed, its record and its tombstone gone)
+    is not admitted again, so nothing may wait for it: UnknownDependency, nothing
+    admitted, no stub."""
     q.add("a", job_id="x", dedup_s=600)
     _complete(q)
     assert q.purge("completed") == 1 and q.get("x") is None
+    assert q.redis.zrem(q.keys.prefix + "tombs", "x") == 1  # past the tombstones' cap
     before = sorted(q.redis.keys(q.keys.prefix + "job:*"))
     with pytest.raises(UnknownDependency):
         q.add_many([("a", 1, {"job_id": "x"}), {"name": "b", "job_id": "y", "after": ["x"]}])
@@ -170,6 +172,29 @@ def test_graves_are_capped_to_the_newest(redis_url: str, queue_name: str) -> Non
     assert echomq.scripts.trim_dead(q.redis, q.keys, 0, -1, 100) == 1
     assert q.redis.zcard(graves) == depend.TOMBSTONES
     assert q.redis.zscore(graves, a) is not None and q.redis.zscore(graves, "old0") is None
+
+
+@pytest.mark.parametrize("state", ["dead", "completed"])
+def test_one_purge_or_trim_of_thousands_of_jobs_records_every_id(
+        redis_url: str, queue_name: str, state: str) -> None:
+    """One call may drop more ids than Lua's unpack takes at once: each is recorded (a
+    dead one in graves, a completed one among the tombstones) and the call succeeds."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    n = 5_000
+    source = q.keys.dead if state == "dead" else q.keys.completed
+    with q.redis.pipeline(transaction=False) as pipe:
+        for i in range(n):
+            pipe.hset(q.keys.job(f"j{i}"), mapping={"id": f"j{i}", "name": "x",
+                                                    "lane": "default", "state": state})
+        pipe.zadd(source, {f"j{i}": i for i in range(n)})
+        pipe.execute()
+    if state == "dead":
+        assert echomq.scripts.trim_dead(q.redis, q.keys, 0, -1, n) == n
+    else:
+        assert echomq.scripts.purge(q.redis, q.keys, state, n) == (n, 0)
+    record = q.keys.prefix + ("graves" if state == "dead" else "tombs")
+    assert q.redis.zcard(record) == n and q.redis.zcard(source) == 0
+    assert not q.redis.exists(q.keys.job("j0"), q.keys.job(f"j{n - 1}"))
 
 
 def test_a_group_result_waits_for_every_member_and_fails_with_one(q: echomq.Queue,

@@ -197,3 +197,53 @@ def test_a_rehydration_that_meets_the_open_row_of_a_job_ended_and_purged_leaves_
     echomq.Consumer(q, lambda job: ran.append(job.id)).run(burst=True)
     assert ran.count(jid) == (1 if state == "completed" else 0)
     q.close()
+
+
+def test_a_rehydration_leaves_the_row_of_a_spilled_job_cancelled_and_purged(
+        floor: Floor, server: LocalRedis) -> None:
+    """A job spilled to the floor (due beyond the horizon) is cancelled by a producer
+    without the floor, then purged, before the beat closes its row: the rehydration that
+    reads the row must not write it a stub again (a restore would bring it back)."""
+    client = redis.Redis.from_url(server.url)
+    scheduler = Scheduler("cls", client, floor, beat_ms=100, horizon_s=60)
+    _tick(scheduler)
+    q = echomq.Queue("cls", redis=client, floor=floor)
+    jid = q.add("x", {}, delay=3600)
+    _tick(scheduler)  # folded, then spilled: due beyond the horizon
+    _tick(scheduler)
+    assert client.sismember(q.keys.spilled, jid)
+    assert echomq.Queue("cls", redis=client).cancel(jid)
+    assert q.purge("cancelled") == 1
+    assert jid in _open(floor, "cls")  # its close not written yet
+    client.delete(q.keys.epoch)
+    scheduler.budget_end = time.monotonic() + 30  # the beat's rows read before its close
+    assert scheduler._rehydrate(int(client.time()[0]) * 1000, "")
+    assert q.get(jid) is None and not client.sismember(q.keys.spilled, jid)
+    q.close()
+
+
+def test_a_rehydration_counts_a_dependency_that_died_and_was_trimmed_meanwhile_as_dead(
+        floor: Floor, server: LocalRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Valkey lost its data: the rehydration puts a member back on its lane and holds its
+    chord's callback. The member dies and the dead retention drops it before the fan-in
+    is rebuilt: the callback must end dead, not take the gone member for completed."""
+    client = redis.Redis.from_url(server.url)
+    scheduler = Scheduler("clf", client, floor, beat_ms=100, horizon_s=3600)
+    _tick(scheduler)
+    q = echomq.Queue("clf", redis=client, floor=floor, durability="durable")
+    q.add_many([("x", {}, {"job_id": "m", "max_attempts": 1}),
+                ("x", {}, {"job_id": "cb", "after": ["m"]})])
+    client.flushdb()  # Valkey loses its data
+    scheduler.budget_end = time.monotonic() + 30
+    monkeypatch.setattr(Scheduler, "_rebuild_fanin", lambda self: False)  # not yet
+    assert not scheduler._rehydrate(int(client.time()[0]) * 1000, "")
+    assert q.get("cb").state == "blocked"  # type: ignore[union-attr]
+    echomq.Consumer(q, _fail).run(burst=True)
+    assert echomq.scripts.trim_dead(client, q.keys, 0, -1, 100) == 1
+    assert q.get("m") is None
+    monkeypatch.undo()
+    epoch = client.get(q.keys.epoch).decode()  # type: ignore[union-attr]
+    assert scheduler._rehydrate(int(client.time()[0]) * 1000, epoch)
+    cb = q.get("cb")
+    assert cb is not None and (cb.state, cb.error) == ("dead", "dependency m dead")
+    q.close()

@@ -485,9 +485,10 @@ def test_a_second_bell_while_parked_keeps_the_park(private_redis: LocalRedis,
         pipe.send(protocol.BELL)
         assert lines.until(protocol.PARKED, 5) == protocol.PARKED
         pipe.send(protocol.BELL)
-        # its next PARKED comes after it read that B (the pipe wakes its wait at once)
+        # its next PARKED comes after it read that B (the pipe wakes its wait at once);
+        # its blocking call reaches the server a moment after it says so
         assert lines.until(protocol.PARKED, 5) == protocol.PARKED
-        assert _blocked(r) == 1
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked on")
         jid = q.add("x", {"v": 1})
         assert lines.next() == "RUNG w"
         assert lines.until(protocol.IDLE).split()[:2] == [protocol.IDLE, "1"]
