@@ -356,7 +356,9 @@ class RefusalPool(redis.ConnectionPool):
 
 
 def _cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
-    options.setdefault("connection_pool_class", RefusalPool)
+    # a copy: a plain client made from the same options, when the cluster is gone from
+    # the address, must not get the nodes' pool class
+    options = {"connection_pool_class": RefusalPool, **options}
     try:
         return RedisCluster.from_url(_cluster_url(url), **options)
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:

@@ -231,7 +231,9 @@ def test_a_plain_server_on_a_former_cluster_nodes_address_gets_a_plain_client() 
         node.stop()
     plain = LocalRedis(port).start()
     try:
-        assert type(connect(plain.url)) is redis.Redis
+        client = connect(plain.url)
+        assert type(client) is redis.Redis
+        assert client.ping()  # its options are a plain client's, none of the cluster's
         q = echomq.Queue("former-node", redis_url=plain.url)
         job_id = q.add("x", {})
         assert q.get(job_id).state == "waiting"
