@@ -356,8 +356,7 @@ class RefusalPool(redis.ConnectionPool):
 
 
 def _cluster_client(url: str, options: dict[str, Any]) -> RedisCluster:
-    # a copy: a plain client made from the same options, when the cluster is gone from
-    # the address, must not get the nodes' pool class
+    # a copy: a plain client made after (the cluster gone) must not get the nodes' pool
     options = {"connection_pool_class": RefusalPool, **options}
     try:
         return RedisCluster.from_url(_cluster_url(url), **options)

@@ -4,9 +4,10 @@
   A completed job that retention or purge dropped leaves its id in "tombs" (it still
   counts as done for a later dependency, block.lua); a dead or cancelled one that the
   dead retention or purge dropped, in "graves". Each zset (score: when it finished or
-  was dropped, ms; built inside) keeps its newest RECORDS_MAX. A rehydration under way
-  (requeue.lua, restore.lua, reblock.lua) leaves a job whose hash is gone and whose id
-  is in either: it ended before its floor row closed, and would run again.
+  was dropped, ms; built inside; written by settle, trim_dead and purge) keeps its
+  newest RECORDS_MAX. A rehydration under way (requeue.lua, restore.lua, reblock.lua,
+  spill.lua) leaves a job whose hash is gone and whose id is in either: it ended before
+  its floor row closed, and would run again.
 ]]
 local RECORDS_MAX = 100000  -- echomq.depend.TOMBSTONES
 

@@ -20,7 +20,7 @@
   and dedup keys are built inside.
   Tombstones: a completed job whose record retention drops (at once for keep 0, or by
   the trims) leaves its id in "tombs" (zset, finished ms, built inside, capped to the
-  newest 100,000), so a later dependency on it counts as done (block.lua).
+  newest 100,000; records.lua), so a later dependency on it counts as done (block.lua).
 
   Flow control: a job its claim counted against its lane's max_active (field
   "held") is uncounted, and its lane, if a claim took it off its rings at the
@@ -47,13 +47,13 @@
 ]]
 --!include events
 --!include deps
+--!include records
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
 local keep_count = tonumber(ARGV[2])
 local keep_age = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local TOMBS_MAX = 100000  -- completed ids kept as tombstones (echomq.depend.TOMBSTONES)
 -- folding while a scheduler's fold lease (meta "fold", an expiry in ms) runs
 local fold = (tonumber(redis.call('HGET', KEYS[7], 'fold') or '') or 0) >= now
 local out = {}
@@ -197,12 +197,8 @@ if completed > 0 then
   end
 end
 -- tombstones: a completed job retention dropped still counts as done for a later
--- add(after=...) (block.lua), for as long as it is among the newest TOMBS_MAX
-if #gone > 0 then
-  sliced('ZADD', prefix .. 'tombs', gone)
-  local over = redis.call('ZCARD', prefix .. 'tombs') - TOMBS_MAX
-  if over > 0 then redis.call('ZREMRANGEBYRANK', prefix .. 'tombs', 0, over - 1) end
-end
+-- add(after=...) (block.lua), for as long as it is among the newest (records.lua)
+if #gone > 0 then records_add(prefix .. 'tombs', gone) end
 if rang then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', rang, '1')
