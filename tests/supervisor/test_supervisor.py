@@ -359,7 +359,8 @@ def test_sigusr2_prints_every_thread_s_stack_and_changes_nothing(
     [child] = _children(sup)
     sup.signal(signal.SIGUSR2)
     sup.wait_for_log(r"^Current thread 0x")  # one per process
-    assert any("arbiter.py" in line for line in sup.lines), sup.log
+    # its frames follow that header, each a line of its own that may still be on its way
+    sup.wait_for_log(r'arbiter\.py", line \d+')
     psutil.Process(child).send_signal(signal.SIGUSR2)
     sup.wait_for_log(r"^Current thread 0x", 2)
     sup.wait_for_log(r'sup_jobs\.py", line \d+ in record')  # the job's frame
