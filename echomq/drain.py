@@ -78,6 +78,9 @@ class Drain:
         # never saw; they go back (uncharged) before the next claim
         self.claim_unknown = False
         self.early = EarlySettle(lanes)
+        # jobs leased for this drain before it runs (a claim written behind a doorbell's
+        # pop, echomq.parkclaim): the next run starts with them instead of a claim
+        self.first: list[Claimed] | None = None
         # the outcomes carried into the next batch went out once in a request whose reply
         # was lost: a refusal as stale may mean the first sending recorded them
         self.carried_resent = False
@@ -93,14 +96,17 @@ class Drain:
         refusals propagate, with the unsettled outcomes kept for the next call."""
         if self.pending:
             self.settle(self.pending, resent=True)
-        if self.claim_unknown:  # nothing is held now: every outcome is settled
-            self.lanes.release_unheld(set())
+        if self.claim_unknown:  # nothing is held now but the jobs claimed for this drain
+            self.lanes.release_unheld({(c.id, c.token) for c in self.first or ()})
             self.claim_unknown = False
-        try:
-            batch = self.lanes.claim(1, chain=True)
-        except UNAVAILABLE_ERRORS:
-            self.claim_unknown = True
-            raise
+        if self.first is not None:
+            batch, self.first = self.first, None
+        else:
+            try:
+                batch = self.lanes.claim(1, chain=True)
+            except UNAVAILABLE_ERRORS:
+                self.claim_unknown = True
+                raise
         carried: list[Outcome] = []  # finished outcomes of the batch before, not sent yet
         ahead: Ahead | None = None  # written, reply unread: claims the batch after this one
         # the job claimed alone on waking starts first: what its claim would have sent

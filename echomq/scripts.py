@@ -279,7 +279,7 @@ class InFlight:
         connection, and this one's read then fails too."""
         try:
             # no health check: its PING would read the reply still unread as its own
-            self.conn.send_packed_command(_pack(self.conn, calls), check_health=False)
+            self.conn.send_packed_command(pack_calls(self.conn, calls), check_health=False)
         except BaseException:
             self.conn.disconnect()
             raise
@@ -315,7 +315,9 @@ class InFlight:
         self.client.connection_pool.release(self.conn)
 
 
-def _pack(conn: Any, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]) -> Any:
+def pack_calls(conn: Any, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
+               ) -> Any:
+    """Script calls as EVALSHA commands packed for ``conn.send_packed_command``."""
     commands = [("EVALSHA", script.sha, script.num_keys, *keys, *args)
                 for script, keys, args in calls]
     if _hiredis_pack is not None and \
@@ -334,7 +336,7 @@ def send(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Se
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
-        conn.send_packed_command(_pack(conn, calls))
+        conn.send_packed_command(pack_calls(conn, calls))
     except BaseException:
         conn.disconnect()
         pool.release(conn)

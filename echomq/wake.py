@@ -286,14 +286,20 @@ class Doorbell:
             reply = self._read()
             if reply is not None and self.kind == "marker":
                 _, member, score = reply
-                self.client.zadd(self.key, {member: float(score)}, lt=True)
-            elif reply is not None:
+                if member != NOW_MEMBER or not self.claimed_at_pop():
+                    self.client.zadd(self.key, {member: float(score)}, lt=True)
+            elif reply is not None and not self.claimed_at_pop():
                 self.client.lpush(self.key, "1")
                 self.client.ltrim(self.key, 0, 63)
         except redis.exceptions.RedisError:
             self.reset()  # no permission for CLIENT UNBLOCK, or the server is gone
         except OSError:
             self.reset()
+
+    def claimed_at_pop(self) -> bool:
+        """True when the work a ring announced was claimed as the pop returned (a claim
+        written behind it, echomq.parkclaim): a cancel then puts no ring back."""
+        return False
 
     def _unblock(self) -> bool:
         """End the outstanding pop: True once its reply is on its way. CLIENT UNBLOCK goes

@@ -73,6 +73,10 @@ class Child:
     can_park: bool = False  # it said READY park: the doorbell can be handed to it
     park_after: float = 0.0  # not handed the doorbell before (silent while it held it)
     parked_seen: float = 0.0  # when it was handed the doorbell, or last said it still parks
+    # taken off the doorbell while silent, its claims record not read yet and not heard
+    # since: the claim behind its parked pop may have leased a job it has not read
+    # (doorbells.py ends it then; leases.py extends that job meanwhile)
+    claims_unchecked: bool = False
     jobs: int = 0
 
     def send(self, message: bytes) -> bool:
@@ -235,6 +239,7 @@ class Children:
         """Act on what a child said: its observations, IDLE, READY, REFUSED, BOOTFAIL."""
         rt = self.house.queues[child.queue]
         for line in child.reader.read():
+            child.claims_unchecked = False  # alive: it reads its own claims' replies
             if line.startswith(protocol.OBS):
                 self.house.observed.merge(child.queue, line)
             elif line.startswith(protocol.IDLE):

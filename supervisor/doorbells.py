@@ -11,7 +11,9 @@ replicas. The loop calls :meth:`Doorbells.arm_all` before it blocks and
 from __future__ import annotations
 
 import logging
+import os
 import selectors
+import signal
 import time
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,7 @@ from echomq.supervisor.logs import event
 from echomq.supervisor.signals import sever
 
 from echomq.connection import UNAVAILABLE_ERRORS
+from echomq.lanes import unheld_claims
 from echomq.wake import BLOCK_GRACE_S
 from echomq.wake import ring as ring_doorbell
 
@@ -89,7 +92,59 @@ class Doorbells:
               pid=holder.pid)
         rt.bell_holder = None
         holder.park_after = float("inf")  # until it speaks again (its IDLE)
+        holder.claims_unchecked = True
+        self.end_if_leased(rt, holder)
         self.take_back(rt)
+
+    def end_if_leased(self, rt: QueueRuntime, holder: Child) -> None:
+        """A silent holder whose claim behind its pop (echomq.parkclaim) leased a job at a
+        ring it has not read is ended: its exit hands the job back uncharged, for another
+        consumer, instead of its lease being extended for a process that may never run
+        it. Its calls' blocks have run out by now, so no claim of its runs later. Anything
+        it says first (read here) means it thawed and reads the reply itself. When the
+        server does not answer, the lease pass (leases.py) extends the job and asks again."""
+        self.house.children.consume_lines(holder)  # clears claims_unchecked if it spoke
+        if not holder.claims_unchecked:
+            return
+        try:
+            leased = self._leased_unseen(rt, holder)
+        except UNAVAILABLE_ERRORS:
+            return  # the server is away: asked again by the lease pass once it answers
+        self.house.children.consume_lines(holder)  # it may have thawed meanwhile
+        if not holder.claims_unchecked:
+            return
+        holder.claims_unchecked = False
+        if not leased:
+            return
+        event(log, "doorbell-holder-ended", "queue %s: consumer %d, silent on the doorbell, "
+              "leased a job it has not read; ending it so the job goes to another",
+              rt.spec.name, holder.pid, level=logging.WARNING, queue=rt.spec.name,
+              pid=holder.pid)
+        holder.respawn_now = True  # ended on purpose: its exit is not a crash
+        try:
+            os.kill(holder.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it exited meanwhile: its exit hands the job back
+
+    def parked_overdue(self, rt: QueueRuntime, child: Child, now: float) -> bool:
+        """True for the holder when it has not said it still parks for longer than a block:
+        frozen, perhaps, with a job its parked claim leased unread."""
+        return child is rt.bell_holder and now - child.parked_seen > rt.metronome.doorbell.beat_s
+
+    def _leased_unseen(self, rt: QueueRuntime, child: Child) -> bool:
+        """True when the newest claim in the child's claims record (a parked child's last
+        claim is the one behind its pop) still leases its job to it, unheld."""
+        if not child.claimer:
+            return False
+        keys = rt.metronome.keys
+        client = self.house.client
+        raw = client.lrange(keys.claims(child.claimer), -2, -1)
+        pairs = unheld_claims(raw, {h.pair for h in child.holdings.entries()})
+        if not pairs:
+            return False
+        [(job_id, token)] = pairs
+        state, held_by = client.hmget(keys.job(job_id), "state", "token")
+        return state == b"active" and held_by == token.encode()
 
     def take_back(self, rt: QueueRuntime) -> None:
         """The doorbell is the metronome's again after a holder may have taken a ring and

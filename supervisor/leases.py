@@ -99,18 +99,25 @@ class Leases:
             try:
                 held = []
                 for child in rt.children:
+                    if child.claims_unchecked and rt.healthy:  # the server was away then
+                        self.house.doorbells.end_if_leased(rt, child)
                     entries = child.holdings.entries()
                     held += [h.pair for h in entries]
+                    key = rt.metronome.keys.claims(child.claimer)
                     # an idle child read every reply before it said so: nothing to read then
                     # (an idle supervisor sends nothing here); the record is renewed, so it
                     # outlives a job longer than its expiry
                     if child.claimer and (entries or child.state != "idle"):
-                        key = rt.metronome.keys.claims(child.claimer)
                         pipe = self.house.client.pipeline(transaction=False)
                         pipe.lrange(key, 0, -1)
                         pipe.pexpire(key, 10 * rt.settings.lease_ms)
                         raw, _ = pipe.execute()
                         held += unheld_claims(raw, {h.pair for h in entries})
+                    elif child.claimer and (child.claims_unchecked or
+                                            self.house.doorbells.parked_overdue(rt, child, now)):
+                        # a parked child silent past its block: the claim behind its pop
+                        # (its newest) may have leased a job it has not read
+                        held += unheld_claims(self.house.client.lrange(key, -2, -1), set())
                 held += [pair for kind, pairs, _ in rt.unreleased if kind == "jobs"
                          for pair in pairs]
                 if held:

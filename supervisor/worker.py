@@ -28,7 +28,7 @@ from echomq import scripts
 from echomq.backoff import retry_pause
 from echomq.concurrent import ConcurrentDrain, max_held
 from echomq.config import QueueSettings
-from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, refusal_code
+from echomq.connection import UNAVAILABLE_ERRORS, client_from_url, is_cluster, refusal_code
 from echomq.drain import Drain
 from echomq.errors import FloorError
 from echomq.floor.writethrough import write_through
@@ -36,6 +36,7 @@ from echomq.job import Claimed
 from echomq.keys import Keys
 from echomq.lanes import Lanes, Outcome
 from echomq.middleware import build
+from echomq.parkclaim import ClaimingDoorbell
 from echomq.runner import Runner
 from echomq.scripts import Settled
 from echomq.wake import BLOCK_GRACE_S, Doorbell, ring
@@ -125,8 +126,9 @@ class Worker:
                 parked = self._park()
                 if parked is None:
                     continue
-                if self.took_ring and self.stopping:
+                if self.took_ring and self.stopping and not self._bell().claimed_at_pop():
                     # a stop came after its call took a ring: that ring is for the others
+                    # (unless the claim behind the pop took its work: handed back, rung)
                     self._ring_again(self._bell())
                 data = parked
             if not data or protocol.STOP in data or self.stopping:
@@ -153,8 +155,10 @@ class Worker:
 
     def _park(self) -> bytes | None:
         """Park on the queue's doorbell (the parent handed it over, B) beside the pipe, so
-        a ring wakes this process, which claims at once. Returns POKE when a ring was taken
-        (``took_ring`` set; the caller claims, as at a poke), what the pipe said when it ended the
+        a ring wakes this process, which claims at once (on a plain server the claim is
+        written behind the pop and comes back with the ring, echomq.parkclaim). Returns POKE
+        when a ring was taken or a claim leased jobs (``took_ring`` set for a ring; the
+        caller drains, starting with those jobs), what the pipe said when it ended the
         park (the call cancelled, what it took put back; UNPARKED said unless it was a
         poke, which told the parent already), or None when the park failed on this
         process's connection (UNPARKED said: the parent parks instead). Another B while
@@ -167,32 +171,73 @@ class Worker:
                 # drops a connection that died without a word
                 rung, woke = bell.wait(bell.beat_s + BLOCK_GRACE_S, self.sock.fileno())
                 due = bell.take_due()
+                self._take_claimed(bell)
                 data = self._read_pipe() if woke else None
                 if self.stopping or (data is not None and (not data or protocol.STOP in data)):
-                    if rung:
+                    if rung and not bell.claimed_at_pop():
                         self._ring_again(bell)  # a ring taken, not acted on: for the others
                     bell.cancel()
+                    self._take_claimed(bell)  # handed back by _settle_then_exit
                     return protocol.STOP if data is None else data
-                if rung:
-                    self.took_ring = True
-                    self._send(protocol.rung_line())
-                    return protocol.POKE
                 if due is not None:  # a schedule head: the parent's promote timer
                     self._send(protocol.rung_line(due))
+                if rung or self.drain.first or self.drain.claim_unknown:
+                    # a claim whose reply was lost is settled by a drain now (it hands back
+                    # what the claims record names beyond what is held), not at a later ring
+                    self.took_ring = rung
+                    self._send(protocol.rung_line())
+                    return protocol.POKE
                 rest = None if data is None else data.replace(protocol.BELL, b"")
                 if rest:
                     bell.cancel()
-                    if protocol.POKE not in rest:  # the parent counts it parked still
-                        self._send(f"{protocol.UNPARKED}\n".encode())
+                    self._take_claimed(bell)
+                    if protocol.POKE in rest:  # the parent counts it busy already
+                        return rest
+                    if self.drain.first or self.drain.claim_unknown:
+                        # the cancelled call's claim leased jobs, or may have: drain now
+                        self._send(protocol.rung_line())
+                        return rest + protocol.POKE
+                    self._send(f"{protocol.UNPARKED}\n".encode())
                     return rest
                 if not bell.armed and due is None:  # its block ran out: still parked
                     self._send(f"{protocol.PARKED}\n".encode())
         except UNAVAILABLE_ERRORS as exc:
             bell.reset()
+            self._take_claimed(bell)
             log.info("queue %s: parked call on the doorbell failed (%s); the supervisor "
                      "parks instead", self.queue, exc)
             self._send(f"{protocol.UNPARKED}\n".encode())
-            return None
+            if not (self.drain.claim_unknown or self.drain.first):
+                return None
+            # a claim whose reply was lost: drain now (it hands back what the claims record
+            # names beyond what is held, retrying until the server answers), busy for the
+            # parent, which extends the leases meanwhile and hands the doorbell to another
+            self._send(protocol.rung_line())
+            return protocol.POKE
+
+    def _take_claimed(self, bell: Doorbell) -> None:
+        """What the claims behind the doorbell's pops leased goes to the next drain; a
+        claim whose reply was lost makes that drain hand back what it does not hold."""
+        if not isinstance(bell, ClaimingDoorbell):
+            return
+        claimed, unknown = bell.take()
+        if unknown:
+            self.drain.claim_unknown = True
+        if claimed:
+            self.drain.first = [*(self.drain.first or ()), *claimed]
+
+    def _hand_back_first(self) -> None:
+        """Jobs leased for a drain that will not run (this process stops) go back to their
+        lanes uncharged. When the server cannot be reached, the parent's hand-back at this
+        process's exit finds them in its claims record."""
+        first, self.drain.first = self.drain.first, None
+        if not first:
+            return
+        try:
+            self.lanes.release([(c.id, c.token) for c in first], "unstarted")
+        except UNAVAILABLE_ERRORS as exc:
+            log.info("queue %s: %d claimed job(s) not handed back (%s); the supervisor "
+                     "hands them back", self.queue, len(first), exc)
 
     def _ring_again(self, bell: Doorbell) -> None:
         """Ring the doorbell for a ring this process took and leaves unclaimed."""
@@ -202,11 +247,17 @@ class Worker:
             pass  # the server is gone too: the others' safety promote and reap remain
 
     def _bell(self) -> Doorbell:
-        """This process's own doorbell call, made at the first park."""
+        """This process's own doorbell call, made at the first park: on a plain server it
+        carries the claim of one job behind each pop (chained, as a drain's first claim)."""
         if self.doorbell is None:
-            self.doorbell = Doorbell(self.client, self.lanes.keys,
-                                     self.settings.beat_ms / 1000 * PARK_BEATS,
-                                     self.settings.doorbell)
+            beat_s = self.settings.beat_ms / 1000 * PARK_BEATS
+            if is_cluster(self.client):
+                self.doorbell = Doorbell(self.client, self.lanes.keys, beat_s,
+                                         self.settings.doorbell)
+            else:
+                self.doorbell = ClaimingDoorbell(self.client, self.lanes.keys, beat_s,
+                                                 self.settings.doorbell,
+                                                 self.lanes.claim_call(1, chain=True))
         return self.doorbell
 
     def _drain_safely(self) -> None:
@@ -295,6 +346,8 @@ class Worker:
         hands the jobs back. A schedule head its doorbell took is put back first."""
         if self.doorbell is not None:
             self.doorbell.close()
+            self._take_claimed(self.doorbell)
+        self._hand_back_first()
         failures = 0
         while self.drain.pending:
             try:

@@ -15,7 +15,8 @@
   flag, the doorbell rings when lanes still hold work after the claim, so a
   burst admitted with one ring wakes parked consumers one after another
   instead of one consumer taking it all. A paused queue (the pause flag
-  exists) hands out nothing. The lane list and the job hash are built from
+  exists) hands out nothing, and so does a queue with no lane on any ring, after one
+  command. The lane list and the job hash are built from
   the prefix inside the script. With a claimer name, the ids and tokens
   handed out are also appended to "<prefix>claims:<claimer>" (the newest
   `keep` pairs kept, expiring ten leases after the last claim, so that it
@@ -71,6 +72,9 @@
 ]]
 --!include events
 --!include deps
+-- no lane on any ring (the plain ring and the priority levels' set both gone): nothing to
+-- claim, one command (the claim written behind a parked pop runs at each block's end)
+if redis.call('EXISTS', KEYS[1], KEYS[8]) == 0 then return {} end
 if redis.call('EXISTS', KEYS[6]) == 1 then return {} end
 if ARGV[5] and ARGV[5] ~= '' and redis.call('EXISTS', ARGV[1] .. 'retired:' .. ARGV[5]) == 1 then
   return {}  -- its consumer died: nobody would run, extend or hand back what it leased
@@ -290,7 +294,9 @@ else
       local sk = prefix .. 'starts:@queue'
       redis.call('ZREMRANGEBYSCORE', sk, '-inf', now - ql.per)
       local left = ql.rate - redis.call('ZCARD', sk)
-      if left <= 0 then
+      -- a window already recorded was rung for when it was (promote opens it): ringing
+      -- again at each claim would wake a parked consumer whose claim rings again
+      if left <= 0 and not redis.call('ZSCORE', KEYS[11], '@queue') then
         local oldest = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
         local at = tonumber(oldest[2]) + ql.per
         redis.call('ZADD', KEYS[11], at, '@queue')
@@ -360,7 +366,7 @@ else
     local due = redis.call('ZRANGE', KEYS[12], 0, 0, 'WITHSCORES')
     if tonumber(head[2]) >= wake_at and (not due[2] or tonumber(due[2]) > wake_at) then
       if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
-        redis.call('ZADD', ARGV[1] .. 'marker', wake_at, '1')
+        redis.call('ZADD', ARGV[1] .. 'marker', 'LT', wake_at, '1')
       else
         redis.call('LPUSH', KEYS[4], '1')
         redis.call('LTRIM', KEYS[4], 0, 63)

@@ -47,7 +47,7 @@ local head_due = head[2] and tonumber(head[2]) or nil
 local function ring(due)
   if head_due ~= nil and due >= head_due then return end
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
-    redis.call('ZADD', ARGV[1] .. 'marker', due, '1')
+    redis.call('ZADD', ARGV[1] .. 'marker', 'LT', due, '1')
   else
     redis.call('LPUSH', KEYS[2], '1')
     redis.call('LTRIM', KEYS[2], 0, 63)

@@ -99,7 +99,7 @@ for i = 0, n - 1 do
 end
 if new_head then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
-    redis.call('ZADD', ARGV[1] .. 'marker', head_due, '1')
+    redis.call('ZADD', ARGV[1] .. 'marker', 'LT', head_due, '1')
   else
     redis.call('LPUSH', KEYS[2], '1')
     redis.call('LTRIM', KEYS[2], 0, 63)

@@ -201,7 +201,7 @@ end
 if #gone > 0 then records_add(prefix .. 'tombs', gone) end
 if rang then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
-    redis.call('ZADD', ARGV[1] .. 'marker', rang, '1')
+    redis.call('ZADD', ARGV[1] .. 'marker', 'LT', rang, '1')
   else
     redis.call('LPUSH', KEYS[5], '1')
     redis.call('LTRIM', KEYS[5], 0, 63)

@@ -9,6 +9,7 @@ import redis
 
 import echomq
 from echomq.lanes import Lanes, Outcome
+from echomq.wake import claim_doorbell
 
 
 def _lanes(q: echomq.Queue) -> Lanes:
@@ -104,3 +105,48 @@ def test_a_job_dying_of_its_stalls_frees_a_queue_slot_and_rings(
     assert q.get(first).state == "dead"  # type: ignore[union-attr]
     assert r.llen(q.keys.wake) == 1  # the freed slot rang for the parked consumer
     assert [c.id for c in two.claim(5)] == [second]
+
+
+@pytest.mark.parametrize("doorbell", ["list", "marker"])
+def test_a_full_queue_rate_window_rings_once_not_at_every_claim(
+        redis_url: str, queue_name: str, r: redis.Redis, doorbell: str) -> None:
+    """The claim that finds the queue's rate window full records when it opens and rings
+    so a parked metronome looks again; the claims after it, with the window already
+    recorded, ring nothing. A ring each would wake the consumer parked on the doorbell,
+    whose claim rings again: a loop of empty claims until the window opens."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    claim_doorbell(r, q.keys, doorbell)  # what its consumers park on, in the meta
+    q.set_queue_limit(rate=1, per_s=60)
+    for _ in range(3):
+        q.add("x", {})
+    lanes = _lanes(q)
+    assert len(lanes.claim(1)) == 1
+    r.delete(q.keys.wake, q.keys.marker)
+    assert lanes.claim(1) == []  # the window is full: recorded, and rung once
+    assert r.zscore(q.keys.lanewake, "@queue") is not None
+    rung = q.keys.marker if doorbell == "marker" else q.keys.wake
+    assert r.exists(rung) == 1
+    r.delete(q.keys.wake, q.keys.marker)
+    assert lanes.claim(1) == []
+    assert lanes.claim(1) == []
+    assert r.exists(q.keys.wake) + r.exists(q.keys.marker) == 0
+
+
+def test_a_later_schedule_head_does_not_push_back_a_rate_window_s_wake_on_the_marker(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    """Marker doorbell: the full window's opening time is on the marker; a job scheduled
+    for later (the new schedule head) leaves the earlier time there, or the parked
+    metronome would sleep past the window's opening."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    claim_doorbell(r, q.keys, "marker")
+    q.set_queue_limit(rate=1, per_s=60)
+    for _ in range(2):
+        q.add("x", {})
+    lanes = _lanes(q)
+    assert len(lanes.claim(1)) == 1
+    r.delete(q.keys.marker)
+    assert lanes.claim(1) == []
+    opens = r.zscore(q.keys.lanewake, "@queue")
+    assert opens is not None and r.zscore(q.keys.marker, "1") == opens
+    q.add("y", {}, delay=120)  # the schedule's head, due after the window opens
+    assert r.zscore(q.keys.marker, "1") == opens

@@ -19,7 +19,8 @@ from echomq.wake import DoorbellMismatch, claim_doorbell
 
 RING_PATTERN = re.compile(
     r"if redis\.call\('HGET', ARGV\[1\] \.\. 'meta', 'doorbell'\) == 'marker' then\n"
-    r"\s*redis\.call\('ZADD', ARGV\[1\] \.\. 'marker', (0, '0'|\w+, '1')\)\n"
+    # claimable work now ('0'), or a due time ('1', moved only earlier: LT)
+    r"\s*redis\.call\('ZADD', ARGV\[1\] \.\. 'marker', (0, '0'|'LT', \w+, '1')\)\n"
     r"\s*else\n"
     r"\s*redis\.call\('LPUSH', (KEYS\[\d\]), '1'\)\n"
     r"\s*redis\.call\('LTRIM', \2, 0, 63\)\n"

@@ -271,7 +271,9 @@ def test_an_unused_queue_makes_no_flow_keys_and_runs_the_plain_claim(
     calls = {k: v["calls"] for k, v in r.info("commandstats").items()}
     assert len(claimed) == 9
     assert "cmdstat_zrevrange" not in calls and "cmdstat_hget" not in calls
-    assert calls["cmdstat_exists"] == 2  # the pause flag, then limits and priorities at once
+    # any lane on a ring (the ring and priorities at once), the pause flag, then limits
+    # and priorities at once
+    assert calls["cmdstat_exists"] == 3
     _lanes(q).settle([Outcome(c.id, c.token, "c") for c in claimed])
     flow = (q.keys.limits, q.keys.active, q.keys.blocked, q.keys.lanewake, q.keys.prios)
     assert r.exists(*flow) == 0

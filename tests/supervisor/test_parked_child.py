@@ -11,9 +11,11 @@ supervisors and forked consumers (a supervisor frozen with SIGSTOP) for the whol
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,8 +32,11 @@ from echomq.supervisor.settings import QueueSpec, Settings
 from echomq.supervisor.worker import Worker
 
 import echomq
+from echomq import scripts
 from echomq.config import QueueSettings
 from echomq.keys import Keys
+from echomq.lanes import Lanes
+from echomq.parkclaim import ClaimingDoorbell
 from echomq.wake import claim_doorbell
 
 from .conftest import Supervisor, wait_until
@@ -319,6 +324,7 @@ def _worker(redis_url: str, queue: str, doorbell: str = "list"
             ) -> Iterator[tuple[socket.socket, Worker, list[int]]]:
     """A real consumer's loop (the forked child's) in a thread, on a socketpair."""
     settings = QueueSettings(beat_ms=100, doorbell=doorbell)
+    scripts.load_all(redis.Redis.from_url(redis_url), Keys(queue).prefix)  # as its boot does
     parent_end, child_end = socket.socketpair()
     worker = Worker(child_end, queue, redis_url, settings, lambda job: job.payload, None)
     codes: list[int] = []
@@ -361,6 +367,18 @@ class _Lines:
             line = self.next(max(0.01, deadline - time.monotonic()))
             if line.startswith(prefix):
                 return line
+
+
+def _stop_at_rung(worker: Worker) -> None:
+    """SIGTERM lands as the consumer says RUNG w: its handler's record, at that instant."""
+    real_send = worker._send
+
+    def send(line: bytes) -> None:
+        if line.startswith(b"RUNG w"):
+            worker.stopping = True
+        real_send(line)
+
+    worker._send = send  # type: ignore[method-assign]
 
 
 def _blocked(r: redis.Redis) -> int:
@@ -409,11 +427,13 @@ def test_a_park_whose_connection_is_killed_says_unparked(private_redis: LocalRed
 
 def test_a_stopping_consumer_rings_again_for_a_ring_it_took(private_redis: LocalRedis,
                                                             queue_name: str) -> None:
-    """SIGTERM reached the parked consumer before its parent's stop: a ring its call took
-    is rung again for the others as it leaves, not claimed and not lost."""
+    """SIGTERM reached the parked consumer before its parent's stop: a ring its call took,
+    whose claim behind the pop did not run (the server lost its scripts), is rung again for
+    the others as it leaves, not claimed and not lost."""
     r = redis.Redis.from_url(private_redis.url)
     keys = Keys(queue_name)
     with _worker(private_redis.url, queue_name) as (pipe, worker, codes):
+        r.script_flush()
         pipe.send(protocol.BELL)
         wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
         worker.stopping = True  # what its SIGTERM handler records
@@ -444,9 +464,11 @@ def test_a_schedule_head_the_consumer_popped_is_said_and_put_back_when_it_leaves
 def test_a_frozen_holder_does_not_keep_the_queue_s_jobs_waiting(
         private_redis: LocalRedis, queue_name: str, supervisor: Callable[..., Supervisor]
         ) -> None:
-    """The consumer parked on the doorbell is frozen (SIGSTOP): its supervisor takes the
-    doorbell back once it has been silent for two of its calls' blocks, and the other
-    consumer runs the jobs."""
+    """The consumer parked on the doorbell is frozen (SIGSTOP), and the server runs the
+    claim behind its pop at the next ring: the job is leased to a process that cannot run
+    it. Its supervisor takes the doorbell back once it has been silent for two of its
+    calls' blocks, finds the job leased unseen, ends that consumer (its exit hands the
+    job back uncharged), and the other consumer runs every job, each once."""
     redis_url = private_redis.url
     r = redis.Redis.from_url(redis_url)
     sup = supervisor(redis_url, queue_name, "--processes", "2", "--beat-ms", "100").started(2)
@@ -464,13 +486,23 @@ def test_a_frozen_holder_does_not_keep_the_queue_s_jobs_waiting(
     assert frozen is not None
     os.kill(frozen, signal.SIGSTOP)
     try:
-        for n in range(1, 4):
-            q.add("record", {"n": n})
+        jids = [q.add("record", {"n": n}) for n in range(1, 4)]
+        # the frozen consumer's pop took the first ring, and its claim leased that job
+        wait_until(lambda: r.hget(f"emq:{{{queue_name}}}:job:{jids[0]}", "state") == b"active",
+                   10, "the first job leased by the claim behind the frozen pop")
         wait_until(lambda: r.llen(f"ledger:{queue_name}:done") == 4, 20,
                    "the jobs run by the consumer not frozen")
         sup.wait_for_log("doorbell-holder-silent|said nothing for")
+        sup.wait_for_log("doorbell-holder-ended|leased a job it has not read")
+        wait_until(lambda: not psutil.pid_exists(frozen)
+                   or psutil.Process(frozen).status() == psutil.STATUS_ZOMBIE, 10,
+                   "the frozen consumer ended")
     finally:
-        os.kill(frozen, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen, signal.SIGCONT)
+    started = [x.decode().split(":") for x in r.lrange(f"ledger:{queue_name}:started", 0, -1)]
+    runs = [(jid, attempts) for jid, _pid, attempts in started if jid in jids]
+    assert sorted(runs) == sorted((jid, "1") for jid in jids)  # each once, uncharged
     q.close()
 
 
@@ -513,23 +545,22 @@ def test_a_message_other_than_a_poke_that_ends_the_park_says_unparked(
 def test_a_stop_right_after_the_parked_call_took_a_ring_rings_again(
         private_redis: LocalRedis, queue_name: str) -> None:
     """SIGTERM lands after the parked call took a ring and said RUNG, before the consumer
-    claims: it leaves without claiming, and the ring is rung again for the others."""
+    claims, and the claim behind the pop did not run (the server had lost its scripts):
+    it leaves without claiming, and the ring is rung again for the others. Had the claim
+    run, it would have taken the ring's work (nothing here): no ring is left then."""
     r = redis.Redis.from_url(private_redis.url)
     keys = Keys(queue_name)
-    with _worker(private_redis.url, queue_name) as (pipe, worker, codes):
-        real_send = worker._send
-
-        def send(line: bytes) -> None:
-            if line.startswith(b"RUNG w"):
-                worker.stopping = True  # what its SIGTERM handler records, at this instant
-            real_send(line)
-
-        worker._send = send  # type: ignore[method-assign]
-        pipe.send(protocol.BELL)
-        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
-        r.lpush(keys.wake, "1")
-        wait_until(lambda: codes == [protocol.EXIT_OK], 10, "the consumer to leave")
-        assert r.lrange(keys.wake, 0, -1) == [b"1"]
+    for claim_runs in (False, True):
+        with _worker(private_redis.url, queue_name) as (pipe, worker, codes):
+            _stop_at_rung(worker)
+            if not claim_runs:
+                r.script_flush()
+            pipe.send(protocol.BELL)
+            wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+            r.lpush(keys.wake, "1")
+            wait_until(lambda: codes == [protocol.EXIT_OK], 10, "the consumer to leave")
+            assert r.lrange(keys.wake, 0, -1) == ([] if claim_runs else [b"1"])
+            r.delete(keys.wake)
 
 
 def test_a_thawed_child_already_poked_is_not_poked_twice(redis_url: str,
@@ -608,3 +639,268 @@ def test_a_schedule_head_a_frozen_holder_took_is_promoted_when_due(
         assert rt.bell_holder is None
 
     _marker_head_taken_by_the_holder(redis_url, queue_name, freeze)
+
+
+def test_the_claim_behind_the_parked_pop_leases_the_job_at_the_ring(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    """One wake-up: by the time the consumer says RUNG, the claim written behind its pop
+    has leased the job on the server; it runs it once, with no claim of its own first."""
+    r = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue_name, redis_url=private_redis.url)
+    keys = Keys(queue_name)
+    jid = "behind-1"
+    with _worker(private_redis.url, queue_name) as (pipe, worker, _):
+        lines = _Lines(pipe)
+        states: list[bytes | None] = []
+        real_send = worker._send
+
+        def send(line: bytes) -> None:
+            if line.startswith(b"RUNG w"):
+                states.append(r.hget(keys.job(jid), "state"))
+            real_send(line)
+
+        worker._send = send  # type: ignore[method-assign]
+        pipe.send(protocol.BELL)
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+        q.add("x", {"v": 7}, job_id=jid)
+        assert lines.until("RUNG w") == "RUNG w"
+        assert lines.until(protocol.IDLE).split()[:2] == [protocol.IDLE, "1"]
+        assert states == [b"active"]
+        job = q.get(jid)
+        assert job is not None and job.state == "completed" and job.attempts == 1
+    q.close()
+
+
+def test_a_stop_after_the_claim_behind_the_pop_leased_a_job_hands_it_back_uncharged(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    """SIGTERM lands as the parked call takes a ring whose claim leased a job: the
+    consumer leaves without running it, and the job is back on its lane, uncharged."""
+    r = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue_name, redis_url=private_redis.url)
+    keys = Keys(queue_name)
+    with _worker(private_redis.url, queue_name) as (pipe, worker, codes):
+        _stop_at_rung(worker)
+        pipe.send(protocol.BELL)
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+        jid = q.add("x", {"v": 1})
+        wait_until(lambda: codes == [protocol.EXIT_OK], 10, "the consumer to leave")
+        job = q.get(jid)
+        assert job is not None and job.state == "waiting" and job.attempts == 0
+        assert r.lrange(keys.lane("default"), 0, -1) == [jid.encode()]
+        assert r.llen(keys.wake) >= 1  # rung again for the others
+    q.close()
+
+
+def test_a_claim_reply_lost_with_the_parked_connection_is_handed_back_and_run_once(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    """The server ran the claim behind the pop, and the connection failed before its reply
+    was read: the consumer says UNPARKED and drains at once, without a poke: it hands back
+    what its claims record names beyond what it holds, then runs the job once, uncharged
+    for the loss."""
+    r = redis.Redis.from_url(private_redis.url)
+    q = echomq.Queue(queue_name, redis_url=private_redis.url)
+    with _worker(private_redis.url, queue_name) as (pipe, worker, _):
+        worker.lanes.claimer = "c-lost"  # a supervised consumer's claims record
+        lines = _Lines(pipe)
+        bell = worker._bell()
+        assert isinstance(bell, ClaimingDoorbell)
+        bell.claim = worker.lanes.claim_call(1, chain=True)  # with the record, as forked
+        pipe.send(protocol.BELL)
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+        real_read = bell.conn.read_response
+        reads: list[int] = []
+
+        def read_response(*args: object, **kwargs: object) -> object:
+            reply = real_read(*args, **kwargs)
+            reads.append(1)
+            if len(reads) == 2:  # the claim's reply: the server ran it, the reply is lost
+                raise redis.exceptions.ConnectionError("connection lost")
+            return reply
+
+        bell.conn.read_response = read_response  # type: ignore[method-assign]
+        jid = q.add("x", {"v": 1})
+        assert lines.until(protocol.UNPARKED) == protocol.UNPARKED
+        # no poke: it drains at once, so the job does not wait for a ring or its lease,
+        # and says so (busy for the parent, which extends its leases meanwhile)
+        assert lines.until(protocol.RUNG) == "RUNG w"
+        assert lines.until(protocol.IDLE).split()[:2] == [protocol.IDLE, "1"]
+        job = q.get(jid)
+        assert job is not None and job.state == "completed" and job.attempts == 1
+    q.close()
+
+
+@contextmanager
+def _silent_holder_with_a_leased_job(redis_url: str, queue: str
+                                     ) -> Iterator[tuple[Arbiter, Child, list[socket.socket],
+                                                         subprocess.Popen[bytes], str]]:
+    """A stand-in holder (a real process that does nothing) whose claims record names a
+    job leased to it that it never read: what a claim behind its parked pop leaves when
+    it froze."""
+    q = echomq.Queue(queue, redis_url=redis_url)
+    with _arbiter(redis_url, queue, 2) as (arbiter, theirs):
+        (rt,) = arbiter.queues.values()
+        proc = subprocess.Popen(["sleep", "60"])
+        try:
+            child = _hand(arbiter, theirs)
+            child.pid, child.claimer = proc.pid, "c-frozen"
+            jid = q.add("x", {})
+            # leased for a second: an extension by the arbiter (its lease is the default) is
+            # seen at once on the score
+            lanes = Lanes(redis.Redis.from_url(redis_url), Keys(queue),
+                          QueueSettings(lease_ms=1000))
+            lanes.claimer = child.claimer
+            assert [c.id for c in lanes.claim(1)] == [jid]
+            yield arbiter, child, theirs, proc, jid
+        finally:
+            proc.kill()
+            proc.wait()
+    q.close()
+
+
+def _watch_while_the_server_is_frozen(arbiter: Arbiter, server: LocalRedis) -> None:
+    """The holder's deadline passes while the server is frozen (SIGSTOP): the arbiter's
+    calls time out (half a second each), then the server runs again."""
+    (rt,) = arbiter.queues.values()
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        arbiter.client.connection_pool.disconnect()
+        arbiter.client.connection_pool.connection_kwargs["socket_timeout"] = 0.5
+        arbiter.doorbells.watch_holder(rt, time.monotonic() + 100)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+
+
+def test_a_silent_holder_with_a_job_leased_unread_is_ended_as_no_crash(
+        redis_url: str, queue_name: str) -> None:
+    with _silent_holder_with_a_leased_job(redis_url, queue_name) as (arbiter, child, _, proc,
+                                                                      _jid):
+        (rt,) = arbiter.queues.values()
+        arbiter.doorbells.watch_holder(rt, time.monotonic() + 100)
+        assert proc.wait(10) == -signal.SIGKILL
+        assert child.respawn_now and not child.claims_unchecked
+
+
+def test_a_silent_holder_that_speaks_as_it_is_taken_off_is_not_ended(
+        redis_url: str, queue_name: str) -> None:
+    """It thawed at its deadline: what it said is read first, and it reads its claim's
+    reply itself."""
+    with _silent_holder_with_a_leased_job(redis_url, queue_name) as (arbiter, child, theirs,
+                                                                      proc, _jid):
+        (rt,) = arbiter.queues.values()
+        theirs[0].send(b"RUNG w\n")  # written, not read yet by the arbiter
+        arbiter.doorbells.watch_holder(rt, time.monotonic() + 100)
+        assert proc.poll() is None and not child.respawn_now
+        assert child.state == "busy" and not child.claims_unchecked
+
+
+def test_a_silent_holder_checked_while_the_server_is_away_keeps_its_leases_and_is_ended_later(
+        queue_name: str) -> None:
+    """The server does not answer when the holder's deadline passes: its job's lease is
+    extended meanwhile (not reaped as a stall under a frozen process), and the lease pass
+    asks again once the queue is up, which ends it."""
+    server = LocalRedis().start()
+    try:
+        with _silent_holder_with_a_leased_job(server.url, queue_name) as (
+                arbiter, child, _, proc, jid):
+            (rt,) = arbiter.queues.values()
+            r = redis.Redis.from_url(server.url)
+            leased_until = r.zscore(Keys(queue_name).leases, jid)
+            _watch_while_the_server_is_frozen(arbiter, server)
+            assert proc.poll() is None and child.claims_unchecked
+            assert not rt.healthy  # its take-back's ring failed too: the queue is down
+            arbiter.leases.extend(time.monotonic())  # no check while down; extended
+            assert (r.zscore(Keys(queue_name).leases, jid) or 0) > (leased_until or 0)
+            assert proc.poll() is None and child.claims_unchecked
+            assert rt.availability.up()  # the probe's answer
+            arbiter.leases.extend(time.monotonic())  # the lease pass asks again
+            assert proc.wait(10) == -signal.SIGKILL and not child.claims_unchecked
+    finally:
+        server.stop()
+
+
+def test_the_jobs_a_parked_holder_s_claim_leased_unread_have_their_leases_extended(
+        redis_url: str, queue_name: str) -> None:
+    """An idle child has read every claim's reply, but a parked one's claim leases at the
+    ring before it reads: once it is silent past its block (it says it still parks at each
+    block's end), the job its newest claim leased is extended too, so a lease shorter than
+    its silence deadline does not run out under a frozen holder. A holder that speaks
+    costs the lease pass nothing."""
+    r = redis.Redis.from_url(redis_url)
+    with _silent_holder_with_a_leased_job(redis_url, queue_name) as (arbiter, child, _, _p,
+                                                                      jid):
+        (rt,) = arbiter.queues.values()
+        assert rt.bell_holder is child and child.state == "idle"
+        leased_until = r.zscore(Keys(queue_name).leases, jid) or 0
+        r.config_resetstat()
+        arbiter.leases.extend(time.monotonic())  # it said it parks within its block
+        assert r.zscore(Keys(queue_name).leases, jid) == leased_until
+        assert "cmdstat_lrange" not in r.info("commandstats")  # no idle cost
+        child.parked_seen -= rt.metronome.doorbell.beat_s + 1  # silent past its block
+        arbiter.leases.extend(time.monotonic())
+        assert (r.zscore(Keys(queue_name).leases, jid) or 0) > leased_until
+
+
+def test_a_schedule_head_popped_with_a_job_the_claim_leased_is_still_said(
+        private_redis: LocalRedis, queue_name: str) -> None:
+    """Marker doorbell: the pop takes a schedule head's marker while a job waits (its own
+    ring was taken by a busy sibling's claim), and the claim behind the pop leases that
+    job. The consumer runs it, and says the head's due time first, so the parent's
+    promote timer learns it."""
+    r = redis.Redis.from_url(private_redis.url)
+    keys = Keys(queue_name)
+    q = echomq.Queue(queue_name, redis_url=private_redis.url)
+    with _worker(private_redis.url, queue_name, doorbell="marker") as (pipe, _worker_, _):
+        lines = _Lines(pipe)
+        claim_doorbell(r, keys, "marker")
+        jid = q.add("x", {"v": 1})
+        r.delete(keys.marker)  # its ring, taken by another consumer's claim
+        pipe.send(protocol.BELL)
+        wait_until(lambda: _blocked(r) == 1, 10, "the consumer parked")
+        due = (int(r.time()[0]) + 60) * 1000
+        r.zadd(keys.marker, {"1": due})
+        assert lines.until(protocol.RUNG) == f"RUNG d {due}"
+        assert lines.next() == "RUNG w"
+        assert lines.until(protocol.IDLE).split()[:2] == [protocol.IDLE, "1"]
+        job = q.get(jid)
+        assert job is not None and job.state == "completed"
+    q.close()
+
+
+def test_a_silent_holder_heard_from_after_a_check_the_server_missed_is_not_ended(
+        queue_name: str) -> None:
+    """The check at its deadline found the server away; the consumer then thawed and spoke
+    (it reads its claim's reply itself, and its next claim may well be unread for a moment):
+    the lease pass's later check does not end a working consumer."""
+    server = LocalRedis().start()
+    try:
+        with _silent_holder_with_a_leased_job(server.url, queue_name) as (
+                arbiter, child, theirs, proc, _jid):
+            (rt,) = arbiter.queues.values()
+            _watch_while_the_server_is_frozen(arbiter, server)
+            assert child.claims_unchecked
+            _tell(arbiter, 0, "RUNG w", theirs)  # thawed: it runs the job its claim leased
+            assert rt.availability.up()
+            arbiter.leases.extend(time.monotonic())
+            assert proc.poll() is None and not child.claims_unchecked and not child.respawn_now
+    finally:
+        server.stop()
+
+
+def test_a_silent_holder_that_speaks_while_its_claims_are_read_is_not_ended(
+        redis_url: str, queue_name: str) -> None:
+    """It thaws during the parent's read of its claims record (forced here: it speaks from
+    inside that read): what it said is read again before the kill, and it is spared."""
+    with _silent_holder_with_a_leased_job(redis_url, queue_name) as (arbiter, child, theirs,
+                                                                      proc, _jid):
+        (rt,) = arbiter.queues.values()
+        real = arbiter.doorbells._leased_unseen
+
+        def leased_unseen(rt_: object, child_: Child) -> bool:
+            found = real(rt_, child_)  # type: ignore[arg-type]
+            theirs[0].send(b"RUNG w\n")
+            return found
+
+        arbiter.doorbells._leased_unseen = leased_unseen  # type: ignore[method-assign]
+        arbiter.doorbells.watch_holder(rt, time.monotonic() + 100)
+        assert proc.poll() is None and not child.respawn_now and child.state == "busy"

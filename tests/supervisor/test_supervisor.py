@@ -138,9 +138,9 @@ def test_idle_supervisor_stays_within_the_beat_budget(supervisor: Start, queue_n
                "--doorbell", doorbell, "--health-port", str(port)).started(8)
     wait_until(lambda: int(r.info("clients")["blocked_clients"]) == 1, 10, "the metronome")
     wait_until(lambda: _ready_children(port, queue_name) == 8, 20, "every consumer's READY")
-    # each consumer's first claim (one LMOVE on the empty ring) is start-up, not idle cost
-    wait_until(lambda: int(r.info("commandstats").get("cmdstat_lmove", {}).get("calls", 0)) >= 8,
-               10, "every consumer's first claim")
+    # each consumer's first claim (an EVALSHA on the empty ring) is start-up, not idle cost
+    wait_until(lambda: int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+               >= 8, 10, "every consumer's first claim")
     threading_event_wait(0.3)  # let the startup pokes settle before counting
     r.config_resetstat()
     t0 = time.monotonic()
@@ -157,7 +157,10 @@ def test_idle_supervisor_stays_within_the_beat_budget(supervisor: Start, queue_n
     # or as a rare safety pass; crons are looked for every few beats
     parks = "cmdstat_blpop" if doorbell == "list" else "cmdstat_bzpopmin"
     assert 1 <= calls.get(parks, 0) <= parks_at_most, calls
-    assert sum(calls.values()) <= beats, calls
+    # a consumer parked on the doorbell writes a claim behind each park, which the server
+    # runs at the block's end: on an empty queue an EVALSHA and its one EXISTS
+    claims_behind = min(calls.get("cmdstat_evalsha", 0), calls[parks])
+    assert sum(calls.values()) - 2 * claims_behind <= beats, calls
     r.close()
 
 
