@@ -69,8 +69,10 @@ for i = 0, n - 1 do
   else
     local lane = ARGV[b + 3]
     redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
-      'lane', lane, 'state', 'waiting', 'attempts', 0, 'max_attempts', ARGV[b + 4],
-      'stalls', 0, 'max_stalls', ARGV[b + 5], 'backoff', ARGV[b + 6], 'created_ms', now)
+      'lane', lane, 'state', 'waiting', 'max_attempts', ARGV[b + 4],
+      'max_stalls', ARGV[b + 5], 'created_ms', now)
+    -- attempts 0, stalls 0 and no backoff are what a missing field reads as: not stored
+    if ARGV[b + 6] ~= '' then redis.call('HSET', jk, 'backoff', ARGV[b + 6]) end
     if ARGV[b + 7] ~= '' then redis.call('HSET', jk, 'timeout_ms', ARGV[b + 7]) end
     if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'dedup_ms', ARGV[b + 8]) end
     if ARGV[b + 9] ~= '' then redis.call('HSET', jk, 'trace', ARGV[b + 9]) end

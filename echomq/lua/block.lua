@@ -148,9 +148,10 @@ for i = 1, n do
       end
     end
     redis.call('HSET', jk, 'id', id, 'name', ARGV[b + 1], 'payload', ARGV[b + 2],
-      'lane', ARGV[b + 3], 'state', 'blocked', 'attempts', 0, 'max_attempts', ARGV[b + 4],
-      'stalls', 0, 'max_stalls', ARGV[b + 5], 'backoff', ARGV[b + 6], 'created_ms', now,
-      'dep_fail', dep_fail)
+      'lane', ARGV[b + 3], 'state', 'blocked', 'max_attempts', ARGV[b + 4],
+      'max_stalls', ARGV[b + 5], 'created_ms', now, 'dep_fail', dep_fail)
+    -- attempts 0, stalls 0 and no backoff are what a missing field reads as: not stored
+    if ARGV[b + 6] ~= '' then redis.call('HSET', jk, 'backoff', ARGV[b + 6]) end
     if k > 0 then redis.call('HSET', jk, 'after', table.concat(after, ' ')) end
     if ARGV[b + 7] ~= '' then redis.call('HSET', jk, 'timeout_ms', ARGV[b + 7]) end
     if ARGV[b + 8] ~= '' then redis.call('HSET', jk, 'dedup_ms', ARGV[b + 8]) end

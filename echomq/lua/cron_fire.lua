@@ -48,8 +48,8 @@ for i = 4, #ARGV do
         and redis.call('SISMEMBER', KEYS[5], id) == 0 then
       local lane = spec['lane']
       redis.call('HSET', jk, 'id', id, 'name', spec['name'], 'payload', spec['payload'],
-        'lane', lane, 'state', 'waiting', 'attempts', 0, 'max_attempts', spec['max_attempts'],
-        'stalls', 0, 'max_stalls', spec['max_stalls'], 'backoff', '', 'created_ms', now)
+        'lane', lane, 'state', 'waiting', 'max_attempts', spec['max_attempts'],
+        'max_stalls', spec['max_stalls'], 'created_ms', now)  -- attempts, stalls: 0 unstored
       if redis.call('RPUSH', prefix .. 'lane:' .. lane, id) == 1 then
         redis.call('RPUSH', KEYS[3], lane)
       end

@@ -85,10 +85,12 @@ if redis.call('EXISTS', jk, prefix .. 'dedup:' .. id) > 0 then
 end
 local due = exact + math.min(wait, max)
 redis.call('HSET', jk, 'id', id, 'name', ARGV[5], 'payload', ARGV[6], 'lane', ARGV[7],
-  'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[8], 'stalls', 0,
-  'max_stalls', ARGV[9], 'backoff', ARGV[10], 'created_ms', now, 'due_ms', math.ceil(due),
+  'state', 'scheduled', 'max_attempts', ARGV[8],
+  'max_stalls', ARGV[9], 'created_ms', now, 'due_ms', math.ceil(due),
   'deferred', 1, 'payloads', '[' .. ARGV[6] .. ']', 'debounce', ARGV[2],
   'debounce_first_ms', now)
+-- attempts 0, stalls 0 and no backoff are what a missing field reads as: not stored
+if ARGV[10] ~= '' then redis.call('HSET', jk, 'backoff', ARGV[10]) end
 if ARGV[11] ~= '' then redis.call('HSET', jk, 'timeout_ms', ARGV[11]) end
 if ARGV[12] ~= '' then redis.call('HSET', jk, 'dedup_ms', ARGV[12]) end
 if ARGV[13] ~= '' then redis.call('HSET', jk, 'trace', ARGV[13]) end
