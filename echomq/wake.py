@@ -1,7 +1,7 @@
 """The parked side of the doorbell, in its two kinds, on its own connection.
 
 ``list`` (default): ``BLPOP emq:{q}:wake <beat>``, rung by ``LPUSH wake '1'``
-+ ``LTRIM 0 63``. ``marker``: ``BZPOPMIN emq:{q}:marker <beat>``, rung by
+(+ ``LTRIM 0 63`` past 64 rings). ``marker``: ``BZPOPMIN emq:{q}:marker <beat>``, rung by
 ``ZADD marker 0 "0"`` for work that is claimable now, and by ``ZADD marker
 <due> "1"`` when a deferred job becomes the schedule's head. Popping a
 marker scored in the future tells the parked side when to promote next (the
@@ -18,8 +18,7 @@ from the ``emq:{q}:`` prefix, ARGV[1], like job and lane keys)::
     if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
       redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')   -- or <due>, '1' for a new head
     else
-      redis.call('LPUSH', KEYS[w], '1')
-      redis.call('LTRIM', KEYS[w], 0, 63)
+      if redis.call('LPUSH', KEYS[w], '1') > 64 then redis.call('LTRIM', KEYS[w], 0, 63) end
     end
 
 (tests/core/test_doorbell.py checks every script against it). :func:`claim_doorbell`

@@ -104,8 +104,7 @@ if admitted then
     if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
       redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
     else
-      redis.call('LPUSH', KEYS[2], '1')
-      redis.call('LTRIM', KEYS[2], 0, 63)
+      if redis.call('LPUSH', KEYS[2], '1') > 64 then redis.call('LTRIM', KEYS[2], 0, 63) end
     end
   end
 end

@@ -368,8 +368,7 @@ else
       if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
         redis.call('ZADD', ARGV[1] .. 'marker', 'LT', wake_at, '1')
       else
-        redis.call('LPUSH', KEYS[4], '1')
-        redis.call('LTRIM', KEYS[4], 0, 63)
+        if redis.call('LPUSH', KEYS[4], '1') > 64 then redis.call('LTRIM', KEYS[4], 0, 63) end
       end
     end
   end
@@ -388,8 +387,7 @@ if (ARGV[4] == '1' and claimed > 0 or skipped_out) and remains then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
   else
-    redis.call('LPUSH', KEYS[4], '1')
-    redis.call('LTRIM', KEYS[4], 0, 63)
+    if redis.call('LPUSH', KEYS[4], '1') > 64 then redis.call('LTRIM', KEYS[4], 0, 63) end
   end
 end
 deps_flush(prefix)

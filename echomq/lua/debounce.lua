@@ -49,8 +49,7 @@ local function ring(due)
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 'LT', due, '1')
   else
-    redis.call('LPUSH', KEYS[2], '1')
-    redis.call('LTRIM', KEYS[2], 0, 63)
+    if redis.call('LPUSH', KEYS[2], '1') > 64 then redis.call('LTRIM', KEYS[2], 0, 63) end
   end
 end
 local open = redis.call('GET', dk)

@@ -42,8 +42,7 @@ local function deps_flush(prefix)
   if redis.call('HGET', prefix .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', prefix .. 'marker', 0, '0')
   else
-    redis.call('LPUSH', prefix .. 'wake', '1')
-    redis.call('LTRIM', prefix .. 'wake', 0, 63)
+    if redis.call('LPUSH', prefix .. 'wake', '1') > 64 then redis.call('LTRIM', prefix .. 'wake', 0, 63) end
   end
 end
 

@@ -63,8 +63,7 @@ if back > 0 then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
   else
-    redis.call('LPUSH', KEYS[5], '1')
-    redis.call('LTRIM', KEYS[5], 0, 63)
+    if redis.call('LPUSH', KEYS[5], '1') > 64 then redis.call('LTRIM', KEYS[5], 0, 63) end
   end
 end
 return back

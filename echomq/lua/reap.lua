@@ -153,8 +153,7 @@ if requeued > 0 or reopened then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
   else
-    redis.call('LPUSH', KEYS[3], '1')
-    redis.call('LTRIM', KEYS[3], 0, 63)
+    if redis.call('LPUSH', KEYS[3], '1') > 64 then redis.call('LTRIM', KEYS[3], 0, 63) end
   end
 end
 deps_flush(prefix)

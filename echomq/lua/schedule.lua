@@ -102,8 +102,7 @@ if new_head then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 'LT', head_due, '1')
   else
-    redis.call('LPUSH', KEYS[2], '1')
-    redis.call('LTRIM', KEYS[2], 0, 63)
+    if redis.call('LPUSH', KEYS[2], '1') > 64 then redis.call('LTRIM', KEYS[2], 0, 63) end
   end
 end
 flush_events(KEYS[6])  -- events

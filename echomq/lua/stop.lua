@@ -91,8 +91,7 @@ if rang then
   if redis.call('HGET', ARGV[1] .. 'meta', 'doorbell') == 'marker' then
     redis.call('ZADD', ARGV[1] .. 'marker', 0, '0')
   else
-    redis.call('LPUSH', KEYS[8], '1')
-    redis.call('LTRIM', KEYS[8], 0, 63)
+    if redis.call('LPUSH', KEYS[8], '1') > 64 then redis.call('LTRIM', KEYS[8], 0, 63) end
   end
 end
 deps_ended(prefix, now, id, 'x')  -- the jobs that wait for it (deps.lua)

@@ -22,8 +22,9 @@ RING_PATTERN = re.compile(
     # claimable work now ('0'), or a due time ('1', moved only earlier: LT)
     r"\s*redis\.call\('ZADD', ARGV\[1\] \.\. 'marker', (0, '0'|'LT', \w+, '1')\)\n"
     r"\s*else\n"
-    r"\s*redis\.call\('LPUSH', (KEYS\[\d\]), '1'\)\n"
-    r"\s*redis\.call\('LTRIM', \2, 0, 63\)\n"
+    # the list capped at 64 rings, trimmed only when a push went past that
+    r"\s*if redis\.call\('LPUSH', (KEYS\[\d\]), '1'\) > 64 then "
+    r"redis\.call\('LTRIM', \2, 0, 63\) end\n"
     r"\s*end\n")
 
 
@@ -81,6 +82,21 @@ def test_scripts_ring_only_the_doorbell_the_meta_names(redis_url: str, queue_nam
     head_due = int(r.zrange(keys.schedule, 0, 0, withscores=True)[0][1])
     assert _rings(r, keys) == (([b"1"], []) if doorbell == "list"
                                else ([], [(b"1", float(head_due))]))
+
+
+def test_the_wake_list_holds_64_rings_at_most_however_many_come(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    """With nobody parked, 100 adds ring 100 times: the list keeps 64 rings (it is trimmed
+    once a push takes it past 64, not at every ring), and a parked consumer still finds
+    one."""
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    for i in range(63):
+        q.add("x", i)
+    assert r.llen(q.keys.wake) == 63
+    for i in range(37):
+        q.add("x", 63 + i)
+        assert r.llen(q.keys.wake) == 64
+    assert r.blpop([q.keys.wake], 1) == (q.keys.wake.encode(), b"1")
 
 
 def test_retry_dead_rings_the_meta_doorbell(redis_url: str, queue_name: str, r: redis.Redis,

@@ -155,17 +155,19 @@ def producer_workload(floor: Floor) -> Callable[[str], None]:
 
 
 def producer_results(server: LocalRedis) -> None:
-    """A finished job and a waiting one, made with the server's default user."""
+    """A finished job and a waiting one, made with the server's default user; and the
+    producer's queue rung 64 times with nobody parked, so its next ring trims the list."""
     q = echomq.Queue("acl-producer-results", redis=admin(server))
     q.add("x", {}, job_id="done-1")
     echomq.Consumer(q, lambda job: {"ok": 1}).run(burst=True)
     q.add("x", {}, job_id="pending-1")
+    admin(server).lpush(Keys("acl-producer").wake, *[b"1"] * 64)
 
 
 def operator_queue(server: LocalRedis) -> None:
     """A queue as an operator finds it, made with the server's default user: waiting jobs
     in two lanes, a scheduled one, one spilled to the floor (its stub), two dead ones, one
-    running (claimed, its lease held)."""
+    running (claimed, its lease held), its doorbell rung 64 times with nobody parked."""
     client = admin(server)
     q = echomq.Queue("acl-operator", redis=client, max_stalls=0)
     for lane in ("a", "b"):
@@ -191,6 +193,7 @@ def operator_queue(server: LocalRedis) -> None:
             break
         scripts.release(client, Keys("acl-operator"), [(c.id, c.token)], "unstarted")
     assert q.get(busy).state == "active"  # type: ignore[union-attr]
+    client.lpush(q.keys.wake, *[b"1"] * 64)  # rung with nobody parked: the next ring trims
 
 
 def operator_workload(url: str) -> None:
