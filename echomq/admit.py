@@ -128,6 +128,10 @@ class AdmitPlanner:
         schedule.lua for deferred ones. The outbox relay passes its guard: ``guard_ms``,
         each spec's outbox token, in ``specs``' order, and the leader lease's value it
         runs under (lua/relayguard.lua)."""
+        if guard_ms is None and len(specs) == 1 and specs[0][2] is None:
+            # one job due now (a one-by-one add): one call, nothing to sort or chunk
+            return [(scripts.ADMIT, scripts.admit_keys(self.keys),
+                     [self.keys.prefix, 1, *specs[0][1]])]
         guarded = guard_ms is not None
         if guarded and len(tokens) != len(specs):
             raise ValueError("the relay's guard needs one outbox token per job")

@@ -575,7 +575,8 @@ async def _direct(client: redis.asyncio.Redis, sha: str, num_keys: int, keys: Se
         await pool.release(conn)
         return await client.evalsha(sha, num_keys, *keys, *args)
     try:
-        await conn.send_command("EVALSHA", sha, num_keys, *keys, *args)
+        await conn.send_packed_command(
+            scripts.pack_commands(conn, [("EVALSHA", sha, num_keys, *keys, *args)]))
         return await conn.read_response()
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
         await conn.disconnect()

@@ -33,30 +33,38 @@ def current_traceparent() -> str:
     return carrier.get("traceparent", "")
 
 
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def producer_span(queue: str, operation: str, count: int = 1
+                  ) -> contextlib.AbstractContextManager[Any]:
+    """Run an admit in a PRODUCER span (yields it, or None without OpenTelemetry or a
+    tracer provider); set ``messaging.message.id`` on it once the id is known
+    (:func:`note_message_id`)."""
+    if _trace is None or _no_provider():  # a span nobody records: skip its cost
+        return _NO_SPAN
+    return _producer_span(queue, operation, count)
+
+
 @contextlib.contextmanager
-def producer_span(queue: str, operation: str, count: int = 1) -> Iterator[Any]:
-    """Run an admit in a PRODUCER span (yields it, or None without OpenTelemetry); set
-    ``messaging.message.id`` on it once the id is known (:func:`note_message_id`)."""
-    tracer = _trace.get_tracer("echomq") if _trace is not None else None
-    if tracer is None or _no_provider(tracer):  # a span nobody records: skip its cost
-        yield None
-        return
+def _producer_span(queue: str, operation: str, count: int) -> Iterator[Any]:
     attributes: dict[str, Any] = {
         "messaging.system": "echomq", "messaging.destination.name": queue,
         "messaging.operation.type": "send", "messaging.operation.name": operation}
     if count != 1:
         attributes["messaging.batch.message_count"] = count
+    tracer = _trace.get_tracer("echomq")
     with tracer.start_as_current_span(f"send {queue}", kind=_trace.SpanKind.PRODUCER,
                                       attributes=attributes) as span:
         yield span
 
 
-def _no_provider(tracer: Any) -> bool:
-    """True when no tracer provider is set: the API's proxy would make a span that records
-    nothing and carries no context (an outer span's context still travels in the job)."""
-    return isinstance(tracer, _trace.NoOpTracer) or (
-        isinstance(tracer, _trace.ProxyTracer)
-        and isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider))
+def _no_provider() -> bool:
+    """True when no tracer provider is set (or the no-op one): the API would make a span
+    that records nothing and carries no context (an outer span's context still travels
+    in the job). One lookup: no tracer is made to find out."""
+    return isinstance(_trace.get_tracer_provider(),
+                      (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider))
 
 
 def note_message_id(span: Any, job_id: str) -> None:

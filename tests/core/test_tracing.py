@@ -27,7 +27,7 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = sdk_trace.TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(trace, "get_tracer", lambda *a, **k: provider.get_tracer("echomq"))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)  # as if set globally
     yield exporter
     provider.shutdown()
 

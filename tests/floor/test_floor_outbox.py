@@ -268,7 +268,7 @@ def test_the_relay_runs_in_a_producer_span_and_jobs_keep_their_add_s_context(
     exporter = InMemorySpanExporter()
     provider = sdk_trace.TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(trace, "get_tracer", lambda *a, **k: provider.get_tracer("echomq"))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)  # as if set globally
     client = redis.Redis.from_url(server.url)
     q = echomq.Queue("obt", redis=client)
     with floor.engine.begin() as conn:
