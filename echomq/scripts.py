@@ -326,13 +326,19 @@ def pack_calls(conn: Any, calls: Sequence[tuple[LuaScript, Sequence[str], Sequen
 def pack_commands(conn: Any, commands: Sequence[tuple[Arg, ...]]) -> Any:
     """Commands packed for ``send_packed_command`` of a sync or an asyncio connection: by
     hiredis at once where redis-py would pack with it, without redis-py's per-argument
-    encoding and type checks (a script's arguments are str, bytes and int: never a
-    bytearray or memoryview), which were a fifth of a one-by-one add's client time. hiredis
-    writes str as UTF-8, as the protocol's strings are, whatever ``encoding`` the client
-    was made with."""
+    encoding and type checks, which were a fifth of a one-by-one add's client time. The
+    bytes are redis-py's own: a client made with another ``encoding`` than UTF-8 (strict),
+    or an argument hiredis refuses (an ``int`` subclass, a bool), keeps redis-py's packer,
+    so every call of a client encodes alike."""
     if _hiredis_pack is not None and \
             isinstance(getattr(conn, "_command_packer", None), HiredisRespSerializer):
-        return [b"".join(map(_hiredis_pack, commands))]
+        encoder = conn.encoder
+        if encoder.encoding.lower().replace("_", "-") in ("utf-8", "utf8") and \
+                encoder.encoding_errors == "strict":
+            try:
+                return [b"".join(map(_hiredis_pack, commands))]
+            except TypeError:
+                pass  # redis-py's encoder sends it as before, or raises its DataError
     return conn.pack_commands(commands)
 
 

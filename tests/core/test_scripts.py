@@ -63,3 +63,32 @@ def test_noscript_is_reloaded(redis_url: str, queue_name: str, r: redis.Redis) -
     r.script_flush()
     q.add_many([("x", 2), ("x", 3, {"delay": 5})])  # pipelined: reloads too
     assert q.counts()["waiting"] == 2 and q.counts()["scheduled"] == 1
+
+
+def test_a_single_call_encodes_as_the_client_s_pipelined_calls_do(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    """A client made with another encoding than UTF-8 keeps redis-py's packer for a single
+    script call too: one add and an add_many of two calls store a name alike."""
+    import echomq
+
+    q = echomq.Queue(queue_name, redis=redis.Redis.from_url(redis_url, encoding="latin-1"))
+    q.add("x")  # the script loaded: no NOSCRIPT, whose retry takes redis-py's own path
+    one = q.add("café")
+    many = q.add_many([("café", None), ("café", None, {"delay": 60})])
+    stored = {r.hget(q.keys.job(j), "name") for j in (one, *many)}
+    assert stored == {"café".encode("latin-1")}
+
+
+def test_an_int_subclass_argument_is_sent_as_its_number(
+        redis_url: str, queue_name: str, r: redis.Redis) -> None:
+    """hiredis refuses an ``int`` subclass: such an argument goes through redis-py's
+    encoder, which sends its number, as before the packed call."""
+    import echomq
+
+    class Attempts(int):
+        pass
+
+    q = echomq.Queue(queue_name, redis_url=redis_url)
+    q.add("x")  # the script loaded: no NOSCRIPT, whose retry takes redis-py's own path
+    job_id = q.add("x", max_attempts=Attempts(4))
+    assert r.hget(q.keys.job(job_id), "max_attempts") == b"4"
