@@ -70,6 +70,7 @@ from echomq.events import Event
 from echomq.job import Job
 from echomq.keys import REGISTRY, validate_job_id, validate_name
 from echomq.middleware import hooks_of
+from echomq.packing import pack_commands
 from echomq.queue import Queue as SyncQueue
 from echomq.queue import backfill_args, limit_value
 from echomq.tracing import note_message_id, producer_span
@@ -576,7 +577,7 @@ async def _direct(client: redis.asyncio.Redis, sha: str, num_keys: int, keys: Se
         return await client.evalsha(sha, num_keys, *keys, *args)
     try:
         await conn.send_packed_command(
-            scripts.pack_commands(conn, [("EVALSHA", sha, num_keys, *keys, *args)]))
+            pack_commands(conn, [("EVALSHA", sha, num_keys, *keys, *args)]))
         return await conn.read_response()
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
         await conn.disconnect()

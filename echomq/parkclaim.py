@@ -23,6 +23,7 @@ import redis
 from echomq import scripts
 from echomq.job import Claimed, parse_claimed
 from echomq.keys import Keys
+from echomq.packing import pack_calls
 from echomq.wake import Doorbell
 
 ScriptCall = tuple[scripts.LuaScript, Sequence[str], Sequence[Any]]
@@ -47,7 +48,7 @@ class ClaimingDoorbell(Doorbell):
         super().arm()
         try:
             # no health check: its PING would read the pop's reply as its own
-            self.conn.send_packed_command(scripts.pack_calls(self.conn, [self.claim]),
+            self.conn.send_packed_command(pack_calls(self.conn, [self.claim]),
                                           check_health=False)
         except BaseException:
             self.sent = True  # part of it may have reached the server

@@ -98,7 +98,7 @@ class Queue:
             url = redis_url or pools.default_url()
             self.redis = client_from_url(url)
             self.where = redact_url(url)
-        self._cluster = is_cluster(self.redis)
+        self.cluster = is_cluster(self.redis)
         self._registered = False
         self._protocol_read = False  # the meta's protocol version was read and accepted
 
@@ -312,7 +312,7 @@ class Queue:
         replica, so an acknowledged admit survives that node's failover. Raises
         NotReplicated when no replica confirmed within ``REPLICA_WAIT_MS``: the job may or
         may not survive one."""
-        if not self._cluster or "sync" not in (self._dial(), self.settings.durability):
+        if not self.cluster or "sync" not in (self._dial(), self.settings.durability):
             return
         with translated(self.where):
             acked = wait_replicas(self.redis, self.keys.acks, 1, REPLICA_WAIT_MS)

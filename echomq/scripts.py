@@ -23,14 +23,9 @@ from typing import Any
 import redis
 import redis.exceptions
 
-try:
-    from hiredis import pack_command as _hiredis_pack
-    from redis.connection import HiredisRespSerializer
-except ImportError:  # redis-py packs in Python then
-    _hiredis_pack = None
-
 from echomq.connection import is_cluster, learn_redirect, node_client, on_node
 from echomq.keys import Keys
+from echomq.packing import pack_calls, pack_commands
 
 Arg = str | int | float | bytes
 
@@ -314,32 +309,6 @@ class InFlight:
         unknown."""
         self.conn.disconnect()
         self.client.connection_pool.release(self.conn)
-
-
-def pack_calls(conn: Any, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
-               ) -> Any:
-    """Script calls as EVALSHA commands packed for ``conn.send_packed_command``."""
-    return pack_commands(conn, [("EVALSHA", script.sha, script.num_keys, *keys, *args)
-                             for script, keys, args in calls])
-
-
-def pack_commands(conn: Any, commands: Sequence[tuple[Arg, ...]]) -> Any:
-    """Commands packed for ``send_packed_command`` of a sync or an asyncio connection: by
-    hiredis at once where redis-py would pack with it, without redis-py's per-argument
-    encoding and type checks, which were a fifth of a one-by-one add's client time. The
-    bytes are redis-py's own: a client made with another ``encoding`` than UTF-8 (strict),
-    or an argument hiredis refuses (an ``int`` subclass, a bool), keeps redis-py's packer,
-    so every call of a client encodes alike."""
-    if _hiredis_pack is not None and \
-            isinstance(getattr(conn, "_command_packer", None), HiredisRespSerializer):
-        encoder = conn.encoder
-        if encoder.encoding.lower().replace("_", "-") in ("utf-8", "utf8") and \
-                encoder.encoding_errors == "strict":
-            try:
-                return [b"".join(map(_hiredis_pack, commands))]
-            except TypeError:
-                pass  # redis-py's encoder sends it as before, or raises its DataError
-    return conn.pack_commands(commands)
 
 
 def send(client: redis.Redis, calls: Sequence[tuple[LuaScript, Sequence[str], Sequence[Arg]]]
