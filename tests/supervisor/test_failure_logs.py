@@ -81,7 +81,8 @@ def test_failures_are_logged_by_the_consumer_that_ran_them(
     assert re.search(rf"WARNING echomq.jobs \[(\d+)\] job {job_id} \(cur.flaky\) on queue "
                      rf"{queue_name} lane acct-7, attempt 1 of 2 failed, will retry: "
                      r"ValueError: mailbox 7 is full$", warning), warning
-    [death] = sup.wait_for_log(rf"job {job_id} .*dead")
+    # "failed, dead:", not "dead" alone: a random queue name may hold those letters
+    [death] = sup.wait_for_log(rf"job {job_id} .*failed, dead: ")
     assert re.search(rf"ERROR echomq.jobs \[\d+\] job {job_id} \(cur.flaky\) on queue "
                      rf"{queue_name} lane acct-7, attempt 2 of 2 failed, dead: ValueError: "
                      r"mailbox 7 is full$", death), death
