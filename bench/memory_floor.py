@@ -35,9 +35,14 @@ PIPELINE = 1_000
 Writer = Callable[[Any, int], None]
 
 
+def empty(r: redis.Redis) -> None:
+    """Start from an empty database: SYNC, as lazyfree may free an ASYNC flush mid-count."""
+    r.execute_command("FLUSHALL", "SYNC")
+
+
 def per_job(r: redis.Redis, jobs: int, write: Writer) -> float:
     """used_memory bytes per entry after ``write(pipe, i)`` for i in range(jobs)."""
-    r.execute_command("FLUSHALL", "SYNC")  # lazyfree may free an ASYNC flush later, mid-count
+    empty(r)
     base = int(r.info("memory")["used_memory"])
     pipe = r.pipeline(transaction=False)
     for i in range(jobs):
@@ -50,7 +55,7 @@ def per_job(r: redis.Redis, jobs: int, write: Writer) -> float:
 
 def admitted(r: redis.Redis, url: str, jobs: int) -> tuple[float, dict[str, str]]:
     """Bytes per delayed job as EchoMQ admits it, and one job's fields."""
-    r.execute_command("FLUSHALL", "SYNC")  # lazyfree may free an ASYNC flush later, mid-count
+    empty(r)
     q = echomq.Queue("memfloor", redis_url=url)
     q.add("warmup", delay=7200)  # the queue's own keys and the scripts, outside the count
     base = int(r.info("memory")["used_memory"])
@@ -109,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("least: 1-field hash + schedule entry", per_job(r, args.jobs, least_hash)))
         rows.append(("schedule entry alone", per_job(r, args.jobs, entry_only)))
         rows.append(("whole job in one sorted-set member", per_job(r, args.jobs, one_member)))
-        version = r.info("server").get("valkey_version") or r.info("server")["redis_version"]
+        info = r.info("server")
+        version = info.get("valkey_version") or info["redis_version"]
     bl.print_table(f"Server memory per delayed job, {args.jobs:,} jobs per row ({version})",
                    ["what", "bytes/job"], [[what, f"{b:.0f}"] for what, b in rows])
     bl.emit_json(args.json, {"bench": "memory_floor", "jobs": args.jobs, "server": version,
